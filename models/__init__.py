@@ -1,0 +1,23 @@
+"""Building and loading models: the tiny base model, its tokenizer, and the roles stages load."""
+
+from models.roles import (
+    load_critic,
+    load_policy,
+    load_reference,
+    load_reward_model,
+    load_tokenizer,
+    resolve_device,
+)
+from models.tiny import build_tiny_llama
+from models.tokenizer import build_char_tokenizer
+
+__all__ = [
+    "build_char_tokenizer",
+    "build_tiny_llama",
+    "load_critic",
+    "load_policy",
+    "load_reference",
+    "load_reward_model",
+    "load_tokenizer",
+    "resolve_device",
+]

@@ -1,0 +1,65 @@
+"""Load a Hugging Face model directory in the role a stage needs.
+
+Every role goes through ``from_pretrained``, so the built-in tiny model and a
+real checkpoint take the same path:
+
+- policy: the causal LM being trained;
+- reference: the same weights, frozen (KL anchor);
+- critic: the backbone with a per-token scalar head (``ForTokenClassification``, one label);
+- reward model: the backbone with a sequence scalar head read at the last
+  non-pad token (``ForSequenceClassification``, one label).
+
+Heads the checkpoint lacks are freshly initialised; all of them save and load in
+HF format, so a trained reward model or critic is itself a model directory.
+"""
+
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' means cuda when available; asking for cuda without one is an error, not a silent fallback."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device: 'cuda' requested but no GPU is visible")
+    return torch.device(name)
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_policy(path: str | Path, device: torch.device) -> PreTrainedModel:
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+
+
+def load_reference(path: str | Path, device: torch.device) -> PreTrainedModel:
+    return _frozen(load_policy(path, device))
+
+
+def load_critic(path: str | Path, device: torch.device) -> PreTrainedModel:
+    return AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=torch.float32).to(device)
+
+
+def load_reward_model(path: str | Path, device: torch.device, trainable: bool = False) -> PreTrainedModel:
+    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32).to(device)
+    return model if trainable else _frozen(model)
+
+
+def _frozen(model: PreTrainedModel) -> PreTrainedModel:
+    model.eval()
+    model.requires_grad_(False)
+    return model

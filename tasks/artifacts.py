@@ -1,0 +1,63 @@
+"""Where stages put what they produce, and how they put it there without half-writes.
+
+A stage writes into a temporary sibling of its output and renames it into place
+only when it finishes, so a failed or killed stage never leaves a partial output
+(a leftover ``.tmp-*`` directory from a killed run is cleared on the next start).
+The paths here are the ones ``dvc.yaml`` declares.
+"""
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ARTIFACTS = Path("artifacts")
+DATA_DIR = ARTIFACTS / "data"
+METRICS = Path("metrics")
+CHECKPOINTS = Path(".alignflow") / "checkpoints"
+
+
+def model_dir(stage: str) -> Path:
+    """The HF model directory a model-producing stage writes."""
+    return ARTIFACTS / stage
+
+
+def samples_dir(stage: str) -> Path:
+    """Where a stage such as ``eval@sft`` writes what it generated (``artifacts/eval/sft``)."""
+    return ARTIFACTS / stage.replace("@", "/")
+
+
+def metrics_dir(stage: str) -> Path:
+    """The dvclive directory of a stage (``metrics.json`` plus ``plots/``): ``metrics/sft``, ``metrics/eval/sft``."""
+    return METRICS / stage.replace("@", "/")
+
+
+@contextmanager
+def atomic_output(final: Path) -> Iterator[Path]:
+    """Yield a temporary path to fill; on success it replaces ``final``, on failure it is removed."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    for stale in final.parent.glob(f".tmp-{final.name}-*"):
+        _remove(stale)
+    temporary = final.parent / f".tmp-{final.name}-{os.getpid()}"
+    try:
+        yield temporary
+        _remove(final)
+        os.replace(temporary, final)
+    finally:
+        _remove(temporary)
+
+
+def write_json(path: Path, payload: Any) -> None:
+    with atomic_output(path) as temporary:
+        temporary.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()

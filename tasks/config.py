@@ -1,0 +1,190 @@
+"""Typed configuration: one dataclass per stage, loaded from params.yaml with dotlist overrides.
+
+omegaconf's structured configs reject unknown keys and values of the wrong type;
+the field metadata here adds ranges and choices, checked in one walk so every
+error names its full key (``sft.lr: must be > 0, got -0.001``). Each field's
+``help`` documents it and feeds the CLI's ``--help`` and the Prefect parameter form.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+PROBLEM_NAMES = ("arithmetic", "countdown")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """A configuration that fails validation; the message names the offending key."""
+
+
+def param(default: Any, help: str, **checks: Any) -> Any:
+    """A documented field. ``checks``: gt, ge, le (numbers), choices, chars (allowed characters)."""
+    return field(default=default, metadata={"help": help, **checks})
+
+
+def section(cls: type, help: str) -> Any:
+    return field(default_factory=cls, metadata={"help": help})
+
+
+@dataclass
+class ArithmeticConfig:
+    digits: int = param(4, "Digits per operand (the multiplier of '*' is one digit).", ge=1, le=12)
+    ops: str = param("+-*", "Operations to draw from, any of '+', '-', '*'.", chars="+-*")
+
+
+@dataclass
+class CountdownConfig:
+    count: int = param(4, "Numbers given per puzzle; each must be used exactly once.", ge=2, le=6)
+    max_number: int = param(25, "Numbers are drawn from 1..max_number.", ge=2)
+    max_target: int = param(1000, "Upper bound on intermediate products, which bounds the target.", ge=10)
+
+
+@dataclass
+class TaskConfig:
+    name: str = param("arithmetic", "Problem family to train and evaluate on.", choices=PROBLEM_NAMES)
+    arithmetic: ArithmeticConfig = section(ArithmeticConfig, "Settings of the arithmetic family.")
+    countdown: CountdownConfig = section(CountdownConfig, "Settings of the countdown family.")
+
+
+@dataclass
+class DataConfig:
+    num_train: int = param(20000, "Generated training examples.", ge=1)
+    num_test: int = param(200, "Generated held-out examples (never overlapping the training split).", ge=1)
+    train_file: str | None = param(None, "A JSONL file of your own to train on instead of generating.")
+    test_file: str | None = param(None, "A JSONL file of your own to evaluate on instead of generating.")
+
+
+@dataclass
+class BaseConfig:
+    model_path: str | None = param(
+        None, "A Hugging Face model directory to start from; null builds the tiny built-in model."
+    )
+    hidden_size: int = param(128, "Tiny model: width of the residual stream.", ge=8)
+    num_layers: int = param(4, "Tiny model: transformer blocks.", ge=1)
+    num_heads: int = param(4, "Tiny model: attention heads (must divide hidden_size).", ge=1)
+    intermediate_size: int = param(512, "Tiny model: width of the MLP.", ge=8)
+    max_position_embeddings: int = param(128, "Tiny model: longest sequence it can attend over.", ge=16)
+
+
+@dataclass
+class SFTConfig:
+    lr: float = param(2e-3, "Peak AdamW learning rate.", gt=0)
+    weight_decay: float = param(0.01, "AdamW decoupled weight decay.", ge=0)
+    warmup_steps: int = param(50, "Linear warm-up steps before cosine decay.", ge=0)
+    max_steps: int = param(1200, "Optimizer steps.", ge=1)
+    batch_size: int = param(64, "Sequences per optimizer step.", ge=1)
+    max_prompt_length: int = param(32, "Longest prompt in tokens; a longer one is an error.", ge=1)
+    max_length: int = param(96, "Longest prompt + response in tokens; a longer example is an error.", ge=2)
+    grad_clip: float = param(1.0, "Clip the global gradient norm to this value.", gt=0)
+    save_every: int = param(200, "Write a resumable checkpoint every N steps.", ge=1)
+    log_every: int = param(20, "Log training metrics every N steps.", ge=1)
+
+
+@dataclass
+class EvalConfig:
+    k: int = param(8, "Samples per prompt for pass@k.", ge=1)
+    temperature: float = param(1.0, "Sampling temperature for pass@k.", gt=0)
+    max_new_tokens: int = param(64, "Longest response generated.", ge=1)
+    batch_size: int = param(256, "Prompts per generation batch.", ge=1)
+
+
+@dataclass
+class Params:
+    seed: int = param(0, "Seed of every random draw: data, initialisation, batches, sampling.", ge=0)
+    device: str = param("auto", "Where to train: 'cpu', 'cuda', or 'auto' (cuda when available).", choices=DEVICES)
+    task: TaskConfig = section(TaskConfig, "The synthetic problem family.")
+    data: DataConfig = section(DataConfig, "Dataset sizes or files of your own.")
+    base: BaseConfig = section(BaseConfig, "The base model: built-in tiny model or a model path.")
+    sft: SFTConfig = section(SFTConfig, "Supervised fine-tuning on worked solutions.")
+    eval: EvalConfig = section(EvalConfig, "Held-out evaluation.")
+
+
+def fields_with_keys(config: Any, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field, Any]]:
+    """Every leaf field of a config tree as (dotted key, field, value)."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            yield from fields_with_keys(value, f"{key}.")
+        else:
+            yield key, f, value
+
+
+def _range_errors(key: str, f: dataclasses.Field, value: Any) -> Iterator[str]:
+    if value is None:
+        return
+    checks = f.metadata
+    if "gt" in checks and not value > checks["gt"]:
+        yield f"{key}: must be > {checks['gt']}, got {value}"
+    if "ge" in checks and not value >= checks["ge"]:
+        yield f"{key}: must be >= {checks['ge']}, got {value}"
+    if "le" in checks and not value <= checks["le"]:
+        yield f"{key}: must be <= {checks['le']}, got {value}"
+    if "choices" in checks and value not in checks["choices"]:
+        yield f"{key}: must be one of {', '.join(checks['choices'])}, got {value!r}"
+    if "chars" in checks and (not value or set(value) - set(checks["chars"])):
+        yield f"{key}: must be made of {', '.join(checks['chars'])}, got {value!r}"
+
+
+def _cross_field_errors(params: Params) -> Iterator[str]:
+    base, sft, evaluation = params.base, params.sft, params.eval
+    if sft.max_length <= sft.max_prompt_length:
+        yield f"sft.max_length: must exceed sft.max_prompt_length ({sft.max_prompt_length}), got {sft.max_length}"
+    if base.model_path is None:
+        if base.hidden_size % base.num_heads:
+            yield f"base.num_heads: must divide base.hidden_size ({base.hidden_size}), got {base.num_heads}"
+        longest = max(sft.max_length, sft.max_prompt_length + evaluation.max_new_tokens)
+        if base.max_position_embeddings < longest:
+            yield (
+                f"base.max_position_embeddings: must be >= {longest} (the longest training or generated "
+                f"sequence), got {base.max_position_embeddings}"
+            )
+    elif not Path(base.model_path).is_dir():
+        yield f"base.model_path: no model directory at {base.model_path!r}"
+    for key, path in (("data.train_file", params.data.train_file), ("data.test_file", params.data.test_file)):
+        if path is not None and not Path(path).is_file():
+            yield f"{key}: no file at {path!r}"
+
+
+def validate(params: Params) -> Params:
+    errors = [e for key, f, value in fields_with_keys(params) for e in _range_errors(key, f, value)]
+    errors += _cross_field_errors(params)
+    if errors:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
+    return params
+
+
+def _describe(error: OmegaConfBaseException) -> str:
+    key = getattr(error, "full_key", None) or "?"
+    message = str(error).splitlines()[0]
+    if "not in" in message or "Could not find" in message:
+        return f"{key}: unknown key"
+    return f"{key}: {message}"
+
+
+def load_params(path: str | Path = "params.yaml", overrides: list[str] | tuple[str, ...] = ()) -> Params:
+    """Read ``path``, apply dotlist ``overrides`` (``sft.lr=1e-4``), validate, and return typed params."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such params file")
+    for override in overrides:
+        if "=" not in override:
+            raise ConfigError(f"override {override!r}: expected key=value")
+    try:
+        from_file = OmegaConf.load(path)
+        merged = OmegaConf.merge(OmegaConf.structured(Params), from_file, OmegaConf.from_dotlist(list(overrides)))
+        params = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as error:
+        raise ConfigError(f"{path}: {_describe(error)}") from None
+    return validate(params)
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    return dataclasses.asdict(config)

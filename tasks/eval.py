@@ -1,0 +1,54 @@
+"""Stage `eval@<model>`: held-out greedy pass@1, sampled pass@k, format compliance and response length."""
+
+import json
+
+import torch
+
+from models import load_policy, load_tokenizer, resolve_device
+from tasks.artifacts import DATA_DIR, atomic_output, model_dir, samples_dir
+from tasks.config import Params
+from tasks.core_algos import pass_at_k
+from tasks.datasets import read_examples
+from tasks.problems import score_response
+from tasks.rollout import HFEngine, Sampling
+from tasks.tracking import stage_live
+from tasks.training import make_deterministic
+
+
+def run(params: Params, target: str) -> None:
+    cfg = params.eval
+    make_deterministic(params.seed)
+    device = resolve_device(params.device)
+    examples = read_examples(DATA_DIR / "test.jsonl")
+    tokenizer = load_tokenizer(model_dir(target))
+    engine = HFEngine(load_policy(model_dir(target), device), tokenizer, cfg.batch_size)
+    prompts = [e.prompt for e in examples]
+
+    greedy = engine.generate(prompts, Sampling(cfg.max_new_tokens, greedy=True))
+    sampled = engine.generate(prompts, Sampling(cfg.max_new_tokens, n=cfg.k, temperature=cfg.temperature))
+    greedy_scores = torch.tensor([score_response(examples[c.prompt_index], c.text) for c in greedy])
+    sampled_correct = torch.tensor([score_response(examples[c.prompt_index], c.text)[1] for c in sampled])
+    correct_per_prompt = sampled_correct.view(len(prompts), cfg.k).sum(-1)
+
+    metrics = {
+        "pass@1": greedy_scores[:, 1].float().mean().item(),
+        "pass@k": pass_at_k(cfg.k, correct_per_prompt, cfg.k).mean().item(),
+        "sample_accuracy": sampled_correct.float().mean().item(),
+        "format_rate": greedy_scores[:, 0].float().mean().item(),
+        "response_length": sum(len(c.token_ids) for c in greedy) / len(greedy),
+    }
+    stage = f"eval@{target}"
+    with atomic_output(samples_dir(stage)) as out, stage_live(stage) as live:
+        out.mkdir()
+        with open(out / "greedy.jsonl", "w") as handle:
+            for completion, (formatted, correct) in zip(greedy, greedy_scores.tolist()):
+                row = {
+                    "prompt": prompts[completion.prompt_index],
+                    "response": completion.text,
+                    "formatted": bool(formatted),
+                    "correct": bool(correct),
+                }
+                handle.write(json.dumps(row) + "\n")
+        for name, value in metrics.items():
+            live.log_metric(name, round(value, 6), plot=False)
+    print(f"{stage}: " + ", ".join(f"{name}={value:.3f}" for name, value in metrics.items()), flush=True)

@@ -1,0 +1,131 @@
+"""Stage `sft`: supervised fine-tuning on worked solutions, loss on response tokens only.
+
+AdamW with warm-up and cosine decay, gradient clipping, and a checkpoint every
+``sft.save_every`` steps holding everything needed to continue bit-for-bit:
+weights, optimiser, schedule, RNG, step (the data position follows from the
+step), and the metric history logged so far.
+"""
+
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from models import load_policy, load_tokenizer, resolve_device
+from tasks.artifacts import DATA_DIR, atomic_output, model_dir
+from tasks.config import Params, SFTConfig, to_dict
+from tasks.core_algos import sft_loss
+from tasks.datasets import DatasetError, read_examples
+from tasks.problems import Example
+from tasks.tracking import stage_live
+from tasks.training import Checkpointer, adamw_with_cosine, fingerprint, make_deterministic, rng_state, set_rng_state
+
+
+class SFTBatches:
+    """Tokenised (prompt, response) pairs served as padded batches in a seeded per-epoch order."""
+
+    def __init__(self, examples: list[Example], tokenizer, cfg: SFTConfig, source: Path, seed: int):
+        self.sequences: list[tuple[list[int], int]] = []  # (token ids, prompt length)
+        for row, example in enumerate(examples, start=1):
+            prompt = tokenizer(example.prompt)["input_ids"]
+            response = tokenizer(example.solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            if len(prompt) > cfg.max_prompt_length:
+                raise DatasetError(
+                    f"{source}:{row}: prompt is {len(prompt)} tokens, over sft.max_prompt_length={cfg.max_prompt_length}"
+                )
+            if len(prompt) + len(response) > cfg.max_length:
+                raise DatasetError(
+                    f"{source}:{row}: example is {len(prompt) + len(response)} tokens, over sft.max_length={cfg.max_length}"
+                )
+            self.sequences.append((prompt + response, len(prompt)))
+        if len(self.sequences) < cfg.batch_size:
+            raise DatasetError(f"{source}: {len(self.sequences)} examples, fewer than sft.batch_size={cfg.batch_size}")
+        self.batch_size, self.seed, self.pad_id = cfg.batch_size, seed, tokenizer.pad_token_id
+        self.steps_per_epoch = len(self.sequences) // cfg.batch_size
+
+    def __getitem__(self, step: int) -> dict[str, torch.Tensor]:
+        epoch, position = divmod(step, self.steps_per_epoch)
+        order = torch.randperm(len(self.sequences), generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
+        chosen = [self.sequences[i] for i in order[position * self.batch_size : (position + 1) * self.batch_size]]
+        width = max(len(ids) for ids, _ in chosen)
+        input_ids = torch.full((len(chosen), width), self.pad_id, dtype=torch.long)
+        loss_mask = torch.zeros((len(chosen), width))
+        attention_mask = torch.zeros((len(chosen), width), dtype=torch.long)
+        for row, (ids, prompt_length) in enumerate(chosen):
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            attention_mask[row, : len(ids)] = 1
+            loss_mask[row, prompt_length : len(ids)] = 1.0
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+
+
+def train(params: Params, cfg: SFTConfig, stage: str, init_dir: Path, train_file: Path) -> None:
+    """Fine-tune the model in ``init_dir`` on ``train_file`` and write it to ``artifacts/<stage>``."""
+    make_deterministic(params.seed)
+    device = resolve_device(params.device)
+    tokenizer = load_tokenizer(init_dir)
+    batches = SFTBatches(read_examples(train_file), tokenizer, cfg, train_file, params.seed)
+    model = load_policy(init_dir, device)
+    model.train()
+    optimizer, scheduler = adamw_with_cosine(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, cfg.max_steps)
+
+    checkpointer = Checkpointer(stage, fingerprint({"stage": stage, "seed": params.seed, **to_dict(cfg)}, [init_dir, train_file]))
+    start_step, history, interval = 0, [], {"loss_sum": 0.0, "steps": 0}
+    if (checkpoint := checkpointer.load()) is not None:
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        scheduler.load_state_dict(checkpoint["scheduler"])
+        set_rng_state(checkpoint["rng"])
+        start_step, history, interval = checkpoint["step"], checkpoint["history"], checkpoint["interval"]
+        print(f"{stage}: resuming from the checkpoint at step {start_step} ({checkpointer.path})", flush=True)
+
+    with atomic_output(model_dir(stage)) as out, stage_live(stage) as live:
+        for logged_step, metrics in history:
+            live.step = logged_step
+            for name, value in metrics.items():
+                live.log_metric(f"train/{name}", value)
+        progress = tqdm(range(start_step, cfg.max_steps), desc=stage, initial=start_step, total=cfg.max_steps)
+        for step in progress:
+            batch = {name: tensor.to(device) for name, tensor in batches[step].items()}
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            loss = sft_loss(logits, batch["input_ids"], batch["loss_mask"])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            interval["loss_sum"] += loss.item()
+            interval["steps"] += 1
+
+            done = step + 1
+            if done % cfg.log_every == 0 or done == cfg.max_steps:
+                metrics = {
+                    "loss": round(interval["loss_sum"] / interval["steps"], 6),
+                    "grad_norm": round(grad_norm.item(), 6),
+                    "lr": scheduler.get_last_lr()[0],
+                }
+                history.append((done, metrics))
+                live.step = done
+                for name, value in metrics.items():
+                    live.log_metric(f"train/{name}", value)
+                progress.set_postfix(loss=metrics["loss"])
+                interval = {"loss_sum": 0.0, "steps": 0}
+            if done % cfg.save_every == 0 and done < cfg.max_steps:
+                checkpointer.save(
+                    {
+                        "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(),
+                        "rng": rng_state(),
+                        "step": done,
+                        "history": history,
+                        "interval": interval,
+                    }
+                )
+        live.make_summary()
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    checkpointer.clear()
+
+
+def run(params: Params) -> None:
+    train(params, params.sft, "sft", model_dir("base"), DATA_DIR / "train.jsonl")
