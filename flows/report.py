@@ -49,6 +49,8 @@ def collect(root: str | Path = ".") -> dict[str, dict[str, Any]]:
 def render(report: dict[str, dict[str, Any]]) -> str:
     lines = []
     for stage, metrics in report.items():
-        cells = [f"{name}={value:.4g}" if isinstance(value, float) else f"{name}={value}" for name, value in metrics.items()]
+        cells = [
+            f"{name}={value:.4g}" if isinstance(value, float) else f"{name}={value}" for name, value in metrics.items()
+        ]
         lines.append(f"{stage:<12} " + "  ".join(cells))
     return "\n".join(lines) if lines else "no metrics yet: run the pipeline first (dvc repro)"

@@ -9,10 +9,12 @@ error names its full key (``sft.lr: must be > 0, got -0.001``). Each field's
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -162,7 +164,7 @@ def validate(params: Params) -> Params:
 
 
 def _describe(error: OmegaConfBaseException) -> str:
-    key = getattr(error, "full_key", None) or "?"
+    key = getattr(error, "full_key", None) or getattr(error, "key", None) or "?"
     message = str(error).splitlines()[0]
     if "not in" in message or "Could not find" in message:
         return f"{key}: unknown key"
@@ -179,6 +181,9 @@ def load_params(path: str | Path = "params.yaml", overrides: list[str] | tuple[s
             raise ConfigError(f"override {override!r}: expected key=value")
     try:
         from_file = OmegaConf.load(path)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+    try:
         merged = OmegaConf.merge(OmegaConf.structured(Params), from_file, OmegaConf.from_dotlist(list(overrides)))
         params = OmegaConf.to_object(merged)
     except OmegaConfBaseException as error:

@@ -41,7 +41,7 @@ def run(params: Params, target: str) -> None:
     with atomic_output(samples_dir(stage)) as out, stage_live(stage) as live:
         out.mkdir()
         with open(out / "greedy.jsonl", "w") as handle:
-            for completion, (formatted, correct) in zip(greedy, greedy_scores.tolist()):
+            for completion, (formatted, correct) in zip(greedy, greedy_scores.tolist(), strict=True):
                 row = {
                     "prompt": prompts[completion.prompt_index],
                     "response": completion.text,

@@ -29,14 +29,16 @@ class SFTBatches:
         for row, example in enumerate(examples, start=1):
             prompt = tokenizer(example.prompt)["input_ids"]
             response = tokenizer(example.solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-            if len(prompt) > cfg.max_prompt_length:
-                raise DatasetError(
-                    f"{source}:{row}: prompt is {len(prompt)} tokens, over sft.max_prompt_length={cfg.max_prompt_length}"
-                )
-            if len(prompt) + len(response) > cfg.max_length:
-                raise DatasetError(
-                    f"{source}:{row}: example is {len(prompt) + len(response)} tokens, over sft.max_length={cfg.max_length}"
-                )
+            too_long = [
+                f"{what} is {length} tokens, over sft.{limit}={getattr(cfg, limit)}"
+                for what, length, limit in [
+                    ("prompt", len(prompt), "max_prompt_length"),
+                    ("prompt + solution", len(prompt) + len(response), "max_length"),
+                ]
+                if length > getattr(cfg, limit)
+            ]
+            if too_long:
+                raise DatasetError(f"{source}:{row}: {too_long[0]}")
             self.sequences.append((prompt + response, len(prompt)))
         if len(self.sequences) < cfg.batch_size:
             raise DatasetError(f"{source}: {len(self.sequences)} examples, fewer than sft.batch_size={cfg.batch_size}")
@@ -45,7 +47,9 @@ class SFTBatches:
 
     def __getitem__(self, step: int) -> dict[str, torch.Tensor]:
         epoch, position = divmod(step, self.steps_per_epoch)
-        order = torch.randperm(len(self.sequences), generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
+        order = torch.randperm(
+            len(self.sequences), generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+        )
         chosen = [self.sequences[i] for i in order[position * self.batch_size : (position + 1) * self.batch_size]]
         width = max(len(ids) for ids, _ in chosen)
         input_ids = torch.full((len(chosen), width), self.pad_id, dtype=torch.long)
@@ -68,7 +72,9 @@ def train(params: Params, cfg: SFTConfig, stage: str, init_dir: Path, train_file
     model.train()
     optimizer, scheduler = adamw_with_cosine(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, cfg.max_steps)
 
-    checkpointer = Checkpointer(stage, fingerprint({"stage": stage, "seed": params.seed, **to_dict(cfg)}, [init_dir, train_file]))
+    checkpointer = Checkpointer(
+        stage, fingerprint({"stage": stage, "seed": params.seed, **to_dict(cfg)}, [init_dir, train_file])
+    )
     start_step, history, interval = 0, [], {"loss_sum": 0.0, "steps": 0}
     if (checkpoint := checkpointer.load()) is not None:
         model.load_state_dict(checkpoint["model"])

@@ -19,7 +19,7 @@ _INTEGER = re.compile(r"-?\d+")
 
 def _addition(a: int, b: int) -> list[str]:
     steps, carry = [], 0
-    for x, y in zip(reversed(str(a).zfill(len(str(b)))), reversed(str(b).zfill(len(str(a))))):
+    for x, y in zip(reversed(str(a).zfill(len(str(b)))), reversed(str(b).zfill(len(str(a)))), strict=True):
         total = int(x) + int(y) + carry
         steps.append(f"{x}+{y}+{carry}={total}")
         carry = total // 10
@@ -29,7 +29,7 @@ def _addition(a: int, b: int) -> list[str]:
 def _subtraction(a: int, b: int) -> list[str]:
     """Columns of a - b for a >= b; a borrowed column is written with its +10 folded in."""
     steps, borrow = [], 0
-    for x, y in zip(reversed(str(a)), reversed(str(b).zfill(len(str(a))))):
+    for x, y in zip(reversed(str(a)), reversed(str(b).zfill(len(str(a)))), strict=True):
         top = int(x) + (10 if int(x) - int(y) - borrow < 0 else 0)
         steps.append(f"{top}-{y}-{borrow}={top - int(y) - borrow}")
         borrow = 1 if top > int(x) else 0

@@ -1,0 +1,28 @@
+# The two entry points: `make pipeline` (train and evaluate the default pipeline) and `make test`.
+# Both create .venv and install alignflow into it on first use.
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+# dvc.yaml's commands call `alignflow`, so the venv's bin must be on PATH.
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: pipeline test lint
+
+pipeline: $(INSTALLED)
+	dvc repro
+	alignflow report
+
+test: $(INSTALLED) lint
+	$(BIN)/python -m pytest -ra --durations=10
+
+lint: $(INSTALLED)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+$(INSTALLED): pyproject.toml
+	test -d $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch is pinned to the CPU wheel first so no dependency can pull a CUDA build.
+	$(BIN)/pip install --quiet "torch==2.13.0"
+	$(BIN)/pip install --quiet -e ".[test]"
+	touch $@

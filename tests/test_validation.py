@@ -1,0 +1,107 @@
+"""Bad configuration and bad dataset rows fail before any work, naming the key or file:line, writing nothing."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from flows.cli import main
+from tasks.config import Params, fields_with_keys, load_params
+
+MALFORMED_CONFIGS = [
+    (["sft.lrr=0.1"], "sft.lrr: unknown key"),
+    (["sft.lr=fast"], "sft.lr:"),
+    (["sft.lr=-0.001"], "sft.lr: must be > 0"),
+    (["sft.batch_size=0"], "sft.batch_size: must be >= 1"),
+    (["sft.max_length=16"], "sft.max_length: must exceed sft.max_prompt_length"),
+    (["task.name=sudoku"], "task.name: must be one of"),
+    (["base.model_path=/no/such/model"], "base.model_path: no model directory"),
+    (["task.arithmetic.ops=+/"], "task.arithmetic.ops: must be made of"),
+    (["base.num_heads=3"], "base.num_heads: must divide base.hidden_size"),
+    (["seed=-1"], "seed: must be >= 0"),
+    (["device=tpu"], "device: must be one of"),
+    (["eval.temperature=0"], "eval.temperature: must be > 0"),
+    (["base.max_position_embeddings=32"], "base.max_position_embeddings: must be >="),
+    (["data.train_file=missing.jsonl"], "data.train_file: no file"),
+    (["sft.max_steps"], "expected key=value"),
+    (["colour=blue"], "colour: unknown key"),
+]
+
+
+def _produced(project):
+    return sorted(p.name for p in project.iterdir() if p.name != "params.yaml" and p.name != "bad.jsonl")
+
+
+@pytest.mark.parametrize(("overrides", "message"), MALFORMED_CONFIGS, ids=lambda v: str(v)[:40])
+def test_malformed_config_is_rejected_naming_the_key(project, capsys, overrides, message):
+    assert main(["stage", "data", *overrides]) == 2
+    assert message in capsys.readouterr().err
+    assert _produced(project) == []
+
+
+def test_malformed_params_file_is_rejected_naming_the_file(project, capsys):
+    (project / "params.yaml").write_text("sft:\n  lr: [unclosed\n")
+    assert main(["stage", "data"]) == 2
+    assert "params.yaml" in capsys.readouterr().err
+    assert _produced(project) == []
+
+
+def test_the_cli_process_exits_non_zero():
+    result = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "stage", "sft", "sft.lr=-1"], capture_output=True, text=True
+    )
+    assert result.returncode == 2 and "sft.lr: must be > 0" in result.stderr
+
+
+def test_params_yaml_sets_every_documented_key():
+    from omegaconf import OmegaConf
+
+    from tests.conftest import REPO
+
+    def leaves(tree, prefix=""):
+        for key, value in tree.items():
+            yield from leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}"]
+
+    in_file = set(leaves(OmegaConf.to_container(OmegaConf.load(REPO / "params.yaml"))))
+    assert in_file == {key for key, _, _ in fields_with_keys(Params())}
+    assert all(f.metadata.get("help") for _, f, _ in fields_with_keys(Params()))
+    load_params(REPO / "params.yaml")
+
+
+GOOD_ROW = {
+    "task": "arithmetic",
+    "prompt": "12+30=",
+    "answer": "42",
+    "solution": "<think>2+0+0=2,1+3+0=4</think><answer>42</answer>",
+}
+
+MALFORMED_ROWS = [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "must be a JSON object"),
+    (json.dumps({k: v for k, v in GOOD_ROW.items() if k != "answer"}), "missing key 'answer'"),
+    (json.dumps({**GOOD_ROW, "prompt": 12}), "'prompt' must be a non-empty string"),
+    (json.dumps({**GOOD_ROW, "prompt": "  "}), "'prompt' must be a non-empty string"),
+    (json.dumps({**GOOD_ROW, "task": "chess"}), "unknown task 'chess'"),
+    (json.dumps({**GOOD_ROW, "solution": "42"}), "not of the form"),
+    (json.dumps({**GOOD_ROW, "solution": "<think></think><answer>41</answer>"}), "does not pass the task's verifier"),
+    (json.dumps({**GOOD_ROW, "meta": [1]}), "'meta' must be a JSON object"),
+    (json.dumps({**GOOD_ROW, "task": "countdown", "solution": "<think></think><answer>1+2</answer>"}), "'meta' lacks"),
+    (json.dumps({**GOOD_ROW, "label": 1}), "unknown key(s) label"),
+]
+
+
+@pytest.mark.parametrize(("bad_row", "message"), MALFORMED_ROWS, ids=lambda v: str(v)[:30])
+def test_malformed_dataset_row_is_rejected_naming_file_and_line(project, capsys, bad_row, message):
+    rows = [json.dumps(GOOD_ROW), json.dumps({**GOOD_ROW, "prompt": "12+30 ="}), bad_row]
+    (project / "bad.jsonl").write_text("\n".join(rows) + "\n")
+    assert main(["stage", "data", "data.train_file=bad.jsonl"]) == 2
+    error = capsys.readouterr().err
+    assert "bad.jsonl:3:" in error and message in error
+    assert _produced(project) == []
+
+
+def test_empty_dataset_file_is_rejected(project, capsys):
+    (project / "bad.jsonl").write_text("\n")
+    assert main(["stage", "data", "data.train_file=bad.jsonl"]) == 2
+    assert "bad.jsonl: no rows" in capsys.readouterr().err
