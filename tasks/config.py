@@ -37,7 +37,7 @@ def section(cls: type, help: str) -> Any:
 
 @dataclass
 class ArithmeticConfig:
-    digits: int = param(4, "Digits per operand (the multiplier of '*' is one digit).", ge=1, le=12)
+    digits: int = param(3, "Digits per operand (the multiplier of '*' is one digit).", ge=1, le=12)
     ops: str = param("+-*", "Operations to draw from, any of '+', '-', '*'.", chars="+-*")
 
 
@@ -68,10 +68,10 @@ class BaseConfig:
     model_path: str | None = param(
         None, "A Hugging Face model directory to start from; null builds the tiny built-in model."
     )
-    hidden_size: int = param(128, "Tiny model: width of the residual stream.", ge=8)
-    num_layers: int = param(4, "Tiny model: transformer blocks.", ge=1)
+    hidden_size: int = param(96, "Tiny model: width of the residual stream.", ge=8)
+    num_layers: int = param(3, "Tiny model: transformer blocks.", ge=1)
     num_heads: int = param(4, "Tiny model: attention heads (must divide hidden_size).", ge=1)
-    intermediate_size: int = param(512, "Tiny model: width of the MLP.", ge=8)
+    intermediate_size: int = param(384, "Tiny model: width of the MLP.", ge=8)
     max_position_embeddings: int = param(128, "Tiny model: longest sequence it can attend over.", ge=16)
 
 
@@ -80,12 +80,12 @@ class SFTConfig:
     lr: float = param(2e-3, "Peak AdamW learning rate.", gt=0)
     weight_decay: float = param(0.01, "AdamW decoupled weight decay.", ge=0)
     warmup_steps: int = param(50, "Linear warm-up steps before cosine decay.", ge=0)
-    max_steps: int = param(1200, "Optimizer steps.", ge=1)
+    max_steps: int = param(600, "Optimizer steps.", ge=1)
     batch_size: int = param(64, "Sequences per optimizer step.", ge=1)
     max_prompt_length: int = param(32, "Longest prompt in tokens; a longer one is an error.", ge=1)
     max_length: int = param(96, "Longest prompt + response in tokens; a longer example is an error.", ge=2)
     grad_clip: float = param(1.0, "Clip the global gradient norm to this value.", gt=0)
-    save_every: int = param(200, "Write a resumable checkpoint every N steps.", ge=1)
+    save_every: int = param(100, "Write a resumable checkpoint every N steps.", ge=1)
     log_every: int = param(20, "Log training metrics every N steps.", ge=1)
 
 
