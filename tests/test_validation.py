@@ -18,7 +18,7 @@ MALFORMED_CONFIGS = [
     (["task.name=sudoku"], "task.name: must be one of"),
     (["base.model_path=/no/such/model"], "base.model_path: no model directory"),
     (["task.arithmetic.ops=+/"], "task.arithmetic.ops: must be made of"),
-    (["base.num_heads=3"], "base.num_heads: must divide base.hidden_size"),
+    (["base.num_heads=5"], "base.num_heads: must divide base.hidden_size"),
     (["seed=-1"], "seed: must be >= 0"),
     (["device=tpu"], "device: must be one of"),
     (["eval.temperature=0"], "eval.temperature: must be > 0"),
@@ -105,3 +105,36 @@ def test_empty_dataset_file_is_rejected(project, capsys):
     (project / "bad.jsonl").write_text("\n")
     assert main(["stage", "data", "data.train_file=bad.jsonl"]) == 2
     assert "bad.jsonl: no rows" in capsys.readouterr().err
+
+
+def test_user_jsonl_is_accepted_and_kept_apart_from_the_generated_split(project):
+    rows = [GOOD_ROW, {**GOOD_ROW, "prompt": "30+12=", "solution": "<think>0+2+0=2,3+1+0=4</think><answer>42</answer>"}]
+    (project / "mine.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main(["stage", "data", "data.test_file=mine.jsonl", "data.num_train=50"]) == 0
+    test = [json.loads(line) for line in (project / "artifacts/data/test.jsonl").read_text().splitlines()]
+    train = [json.loads(line) for line in (project / "artifacts/data/train.jsonl").read_text().splitlines()]
+    assert [row["prompt"] for row in test] == ["12+30=", "30+12="]
+    assert len(train) == 50 and not {row["prompt"] for row in train} & {"12+30=", "30+12="}
+
+
+def test_a_failing_stage_leaves_the_previous_output_untouched(project, capsys):
+    assert main(["stage", "data", "data.num_train=50", "data.num_test=5"]) == 0
+    before = {p.name: p.read_bytes() for p in (project / "artifacts/data").iterdir()}
+    (project / "bad.jsonl").write_text(json.dumps(GOOD_ROW) + "\n{broken\n")
+    assert main(["stage", "data", "data.train_file=bad.jsonl"]) == 2
+    assert {p.name: p.read_bytes() for p in (project / "artifacts/data").iterdir()} == before
+    assert not list((project / "artifacts").glob(".tmp-*"))
+
+
+@pytest.mark.parametrize("name", ["train", "eval", "sft@base"])
+def test_unknown_or_misaddressed_stage_is_rejected(project, capsys, name):
+    assert main(["stage", name]) == 2
+    assert f"stage {name!r}" in capsys.readouterr().err
+
+
+def test_help_explains_the_stages_and_commands(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    for word in ("dvc repro", "data", "base", "sft", "eval@MODEL", "stage", "report"):
+        assert word in text
