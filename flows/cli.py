@@ -6,6 +6,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from flows.catalog import PIPELINES
+
 DESCRIPTION = """\
 alignflow: declarative, reproducible LLM post-training pipelines.
 
@@ -39,6 +41,23 @@ def _parser() -> argparse.ArgumentParser:
     stage.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="param overrides, e.g. sft.lr=1e-4")
     stage.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
 
+    run = commands.add_parser(
+        "run",
+        help="run a pipeline as a Prefect flow, each stage on Ray",
+        description="Run a pipeline as a Prefect flow (stages on Ray; up-to-date stages are skipped). "
+        "Overrides are validated, then written into params.yaml so dvc.lock records them.",
+    )
+    run.add_argument("pipeline", choices=PIPELINES, help="pipeline name: " + ", ".join(PIPELINES))
+    run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="param overrides, e.g. sft.lr=1e-4")
+
+    commands.add_parser(
+        "serve",
+        help="serve one Prefect deployment per pipeline (UI-triggered and scheduled runs)",
+        description="Register a deployment per pipeline with the Prefect server at PREFECT_API_URL and run "
+        "what it schedules: runs triggered from the UI's parameter form, and cron schedules from "
+        "runner.schedules in params.yaml. Runs of a deployment are queued one at a time.",
+    )
+
     report = commands.add_parser("report", help="print every stage's latest metrics in pipeline order")
     report.add_argument("--json", action="store_true", help="one JSON object: stage -> flat metrics")
     return parser
@@ -62,6 +81,31 @@ def _run_stage(args: argparse.Namespace) -> None:
     run_stage(args.name, params)
 
 
+def _run_pipeline(args: argparse.Namespace) -> None:
+    from omegaconf import OmegaConf
+
+    from tasks.config import load_params
+
+    load_params("params.yaml", args.overrides)  # the same messages as `alignflow stage`, before Prefect starts
+    _quiet_libraries()
+    from flows.overrides import Overrides
+    from flows.pipelines import FLOWS
+    from flows.report import render
+
+    overrides = Overrides.model_validate(OmegaConf.to_container(OmegaConf.from_dotlist(args.overrides)))
+    report = FLOWS[args.pipeline](overrides=overrides)
+    print(render(report))
+
+
+def _serve(args: argparse.Namespace) -> None:
+    from flows.deployments import serve_pipelines
+    from tasks.config import load_params
+
+    params = load_params("params.yaml")
+    _quiet_libraries()
+    serve_pipelines(params)
+
+
 def _report(args: argparse.Namespace) -> None:
     from flows.report import collect, render
 
@@ -75,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tasks.datasets import DatasetError
 
     try:
-        {"stage": _run_stage, "report": _report}[args.command](args)
+        {"stage": _run_stage, "run": _run_pipeline, "serve": _serve, "report": _report}[args.command](args)
     except (ConfigError, DatasetError, ValueError) as error:
         print(f"alignflow: error: {error}", file=sys.stderr)
         return 2

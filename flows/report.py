@@ -12,14 +12,12 @@ import networkx as nx
 from dvc.repo import Repo
 
 
-def pipeline_stages(root: str | Path = ".") -> list[Any]:
-    """The stages of the DVC pipeline at ``root``, dependencies first, ties in declaration order."""
-    with Repo(str(root)) as repo:
-        stages = list(repo.index.stages)
-        position = {stage: i for i, stage in enumerate(stages)}
-        # DVC's graph points from a stage to the stages it depends on.
-        dependencies_first = repo.index.graph.reverse(copy=True)
-        return list(nx.lexicographical_topological_sort(dependencies_first, key=lambda s: position[s]))
+def dependencies_first(repo: Repo) -> list[Any]:
+    """The stages of ``repo``'s pipeline, each after the stages it depends on, ties in declaration order."""
+    position = {stage: i for i, stage in enumerate(repo.index.stages)}
+    # DVC's graph points from a stage to the stages it depends on.
+    upstream_to_downstream = repo.index.graph.reverse(copy=True)
+    return list(nx.lexicographical_topological_sort(upstream_to_downstream, key=lambda s: position[s]))
 
 
 def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -32,18 +30,46 @@ def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def _metrics_of(stage: Any) -> dict[str, Any]:
+    metrics: dict[str, Any] = {}
+    for out in stage.outs:
+        path = Path(out.fs_path)
+        if out.metric and path.is_file():
+            metrics.update(_flatten(json.loads(path.read_text())))
+    return metrics
+
+
+def stage_metrics(root: str | Path, name: str) -> dict[str, Any]:
+    """The flat metrics one stage wrote ({} if none yet)."""
+    with Repo(str(root)) as repo:
+        (stage,) = repo.stage.collect(name)
+        return _metrics_of(stage)
+
+
 def collect(root: str | Path = ".") -> dict[str, dict[str, Any]]:
     """{stage: {metric: value}} for every stage whose metrics exist, in pipeline order."""
     report: dict[str, dict[str, Any]] = {}
-    for stage in pipeline_stages(root):
-        for out in stage.outs:
-            path = Path(out.fs_path)
-            if not out.metric or not path.is_file():
-                continue
-            kind, _, target = stage.addressing.partition("@")
-            owner = target if kind == "eval" and target else stage.addressing
-            report.setdefault(owner, {}).update(_flatten(json.loads(path.read_text())))
+    with Repo(str(root)) as repo:
+        for stage in dependencies_first(repo):
+            metrics = _metrics_of(stage)
+            if metrics:
+                kind, _, target = stage.addressing.partition("@")
+                owner = target if kind == "eval" and target else stage.addressing
+                report.setdefault(owner, {}).update(metrics)
     return report
+
+
+def markdown_table(report: dict[str, dict[str, Any]]) -> str:
+    """The report as one markdown table: a row per stage, a column per metric."""
+    columns = list(dict.fromkeys(name for metrics in report.values() for name in metrics))
+    rows = ["| stage | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for stage, metrics in report.items():
+        rows.append(f"| {stage} | " + " | ".join(_format(metrics.get(c, "")) for c in columns) + " |")
+    return "\n".join(rows)
+
+
+def _format(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def render(report: dict[str, dict[str, Any]]) -> str:

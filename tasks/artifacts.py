@@ -45,8 +45,14 @@ def atomic_output(final: Path) -> Iterator[Path]:
     temporary = final.parent / f".tmp-{final.name}-{os.getpid()}"
     try:
         yield temporary
-        _remove(final)
-        os.replace(temporary, final)
+        if final.is_dir():
+            # A directory cannot be replaced in one rename: move the old one aside first.
+            previous = final.parent / f".tmp-{final.name}-{os.getpid()}-previous"
+            os.replace(final, previous)
+            os.replace(temporary, final)
+            _remove(previous)
+        else:
+            os.replace(temporary, final)
     finally:
         _remove(temporary)
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
+from cronsim import CronSim, CronSimError
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -98,6 +100,36 @@ class EvalConfig:
 
 
 @dataclass
+class StageResources:
+    num_cpus: float = param(1.0, "CPUs Ray reserves for the stage.", ge=0)
+    num_gpus: float = param(0.0, "GPUs Ray reserves for the stage (train on them with device: cuda).", ge=0)
+    memory_gb: float = param(0.0, "Memory Ray reserves for the stage, in GiB (0: no reservation).", ge=0)
+
+
+def _default_resources() -> dict[str, StageResources]:
+    return {"default": StageResources(), "sft": StageResources(num_cpus=2.0)}
+
+
+@dataclass
+class RunnerConfig:
+    """How the Prefect flows run the DAG; none of it changes what a stage produces."""
+
+    ray_address: str | None = param(
+        None, "Address of a running Ray cluster; null uses RAY_ADDRESS when set, else starts a local Ray."
+    )
+    retries: int = param(0, "Times Prefect retries a failed stage (it resumes from its last checkpoint).", ge=0)
+    retry_delay_seconds: float = param(5.0, "Wait before a retry.", ge=0)
+    resources: dict[str, StageResources] = field(
+        default_factory=_default_resources,
+        metadata={"help": "Ray resources by stage kind (data, base, sft, eval); 'default' for the others."},
+    )
+    schedules: dict[str, str] = field(
+        default_factory=dict,
+        metadata={"help": "Cron schedule by pipeline name for `alignflow serve`, e.g. {sft: '0 3 * * 1'}."},
+    )
+
+
+@dataclass
 class Params:
     seed: int = param(0, "Seed of every random draw: data, initialisation, batches, sampling.", ge=0)
     device: str = param("auto", "Where to train: 'cpu', 'cuda', or 'auto' (cuda when available).", choices=DEVICES)
@@ -106,6 +138,7 @@ class Params:
     base: BaseConfig = section(BaseConfig, "The base model: built-in tiny model or a model path.")
     sft: SFTConfig = section(SFTConfig, "Supervised fine-tuning on worked solutions.")
     eval: EvalConfig = section(EvalConfig, "Held-out evaluation.")
+    runner: RunnerConfig = section(RunnerConfig, "Prefect and Ray: retries, resources, schedules.")
 
 
 def fields_with_keys(config: Any, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field, Any]]:
@@ -115,6 +148,9 @@ def fields_with_keys(config: Any, prefix: str = "") -> Iterator[tuple[str, datac
         key = f"{prefix}{f.name}"
         if dataclasses.is_dataclass(value):
             yield from fields_with_keys(value, f"{key}.")
+        elif isinstance(value, dict) and all(dataclasses.is_dataclass(v) for v in value.values()) and value:
+            for name, item in value.items():
+                yield from fields_with_keys(item, f"{key}.{name}.")
         else:
             yield key, f, value
 
@@ -153,6 +189,13 @@ def _cross_field_errors(params: Params) -> Iterator[str]:
     for key, path in (("data.train_file", params.data.train_file), ("data.test_file", params.data.test_file)):
         if path is not None and not Path(path).is_file():
             yield f"{key}: no file at {path!r}"
+    if "default" not in params.runner.resources:
+        yield "runner.resources: needs a 'default' entry"
+    for pipeline, cron in params.runner.schedules.items():
+        try:
+            CronSim(cron, datetime.now())
+        except CronSimError as error:
+            yield f"runner.schedules.{pipeline}: not a cron expression: {cron!r} ({error})"
 
 
 def validate(params: Params) -> Params:

@@ -1,0 +1,166 @@
+"""Run a DVC pipeline's stages on Ray, keeping DVC the record of what ran.
+
+The DAG, each stage's command and whether it is up to date all come from DVC's
+own index (``dvc.yaml`` + ``dvc.lock``): there is no second copy of the pipeline.
+A stage that is out of date runs its ``cmd`` on a Ray worker with the resources
+params give its kind; when it succeeds, ``dvc commit`` records it in ``dvc.lock``
+exactly as ``dvc repro`` would. Only paths cross process boundaries.
+
+Independent stages run at the same time (Ray places them within the resources
+they reserve); DVC's bookkeeping is serialised by one lock in this process.
+"""
+
+import ctypes
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import networkx as nx
+import ray
+from dvc.repo import Repo
+
+from flows.report import dependencies_first
+from tasks.config import RunnerConfig, StageResources
+
+LOGS = Path(".alignflow") / "logs"
+_DVC = threading.Lock()
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    name: str
+    cmd: str
+    upstream: tuple[str, ...]
+
+
+def read_dag(project: Path, targets: tuple[str, ...]) -> list[StageSpec]:
+    """The stages ``targets`` need (themselves and everything upstream), in dependency order."""
+    with _DVC, Repo(str(project)) as repo:
+        graph = repo.index.graph  # edges point from a stage to the stages it depends on
+        by_name = {stage.addressing: stage for stage in graph}
+        missing = [t for t in targets if t not in by_name]
+        if missing:
+            raise ValueError(f"{project / 'dvc.yaml'}: no stage(s) {', '.join(missing)}")
+        needed = set().union(*({by_name[t], *nx.descendants(graph, by_name[t])} for t in targets))
+        return [
+            StageSpec(
+                stage.addressing,
+                stage.cmd if isinstance(stage.cmd, str) else " && ".join(stage.cmd),
+                tuple(dependency.addressing for dependency in graph.successors(stage)),
+            )
+            for stage in dependencies_first(repo)
+            if stage in needed
+        ]
+
+
+def is_up_to_date(project: Path, stage: str) -> bool:
+    with _DVC, Repo(str(project)) as repo:
+        return not repo.status(targets=[stage])
+
+
+def record(project: Path, stage: str) -> dict[str, str]:
+    """``dvc commit`` the stage (hash outputs, cache them, write dvc.lock); return {output: md5}."""
+    with _DVC, Repo(str(project)) as repo:
+        (committed,) = repo.commit(stage, force=True)
+        return {str(out): out.hash_info.value for out in committed.outs}
+
+
+def outputs(project: Path, stage: str) -> dict[str, str]:
+    """{output: md5} of an up-to-date stage, as dvc.lock records them."""
+    with _DVC, Repo(str(project)) as repo:
+        (found,) = repo.stage.collect(stage)
+        return {str(out): out.hash_info.value for out in found.outs}
+
+
+def resources_for(stage: str, runner: RunnerConfig) -> StageResources:
+    kind = stage.partition("@")[0]
+    return runner.resources.get(kind, runner.resources["default"])
+
+
+def connect_ray(runner: RunnerConfig) -> None:
+    """Join the cluster at ``runner.ray_address`` or RAY_ADDRESS, else start a local Ray once per process."""
+    if ray.is_initialized():
+        return
+    address = runner.ray_address or os.environ.get("RAY_ADDRESS")
+    local = {} if address else {"num_cpus": os.cpu_count(), "include_dashboard": False}
+    ray.init(address=address, log_to_driver=False, configure_logging=False, **local)
+
+
+def _die_with_parent() -> None:
+    # If the Ray worker running a stage is killed (cancelled run, Ctrl-C), the stage dies with it.
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@ray.remote(max_retries=0)
+def _execute(cmd: str, cwd: str, env: dict[str, str], log_path: str) -> int:
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            cmd,
+            shell=True,
+            cwd=cwd,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        try:
+            return process.wait()
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+
+
+class StageFailed(RuntimeError):
+    pass
+
+
+def execute(project: Path, stage: StageSpec, runner: RunnerConfig, on_line: Callable[[str], None]) -> None:
+    """Run ``stage.cmd`` on Ray in ``project``, forwarding its output line by line; StageFailed if it fails.
+
+    The stage gets this process's environment, not the Ray worker's: Ray sets thread counts per
+    worker, and a stage must compute with the same threads (so the same bits) as under ``dvc repro``.
+    """
+    resources = resources_for(stage.name, runner)
+    log_path = project / LOGS / f"{stage.name.replace('@', '-')}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_bytes(b"")
+    reference = _execute.options(
+        num_cpus=resources.num_cpus,
+        num_gpus=resources.num_gpus,
+        memory=int(resources.memory_gb * 2**30) or None,
+    ).remote(stage.cmd, str(project), dict(os.environ), str(log_path))
+    try:
+        with open(log_path, "rb") as log:
+            tail = _LogTail(log, on_line)
+            while not ray.wait([reference], timeout=0.5)[0]:
+                tail.forward()
+            tail.forward(final=True)
+            exit_code = ray.get(reference)
+    except BaseException:
+        ray.cancel(reference, force=True)
+        raise
+    if exit_code != 0:
+        raise StageFailed(f"stage {stage.name!r} exited with status {exit_code} (log: {log_path})")
+
+
+class _LogTail:
+    """Forwards complete lines appended to a log; a progress bar's redraws (carriage returns) collapse
+    to their last state."""
+
+    def __init__(self, log, on_line: Callable[[str], None]):
+        self.log, self.on_line, self.partial = log, on_line, ""
+
+    def forward(self, final: bool = False) -> None:
+        text = self.partial + self.log.read().decode(errors="replace")
+        lines = text.split("\n")
+        self.partial = "" if final else lines.pop()
+        for raw in lines:
+            line = raw.rsplit("\r", 1)[-1].strip()
+            if line:
+                self.on_line(line)
