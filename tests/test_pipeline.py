@@ -5,74 +5,17 @@ Each project is a fresh copy of the repo's tracked files with smaller params, as
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import REPO
+from tests.conftest import ENV, dvc, make_project, stages_run
 
 pytestmark = pytest.mark.slow
-
-TINY = [
-    "data.num_train=512",
-    "data.num_test=16",
-    "base.hidden_size=32",
-    "base.num_layers=1",
-    "base.num_heads=2",
-    "base.intermediate_size=64",
-    "sft.max_steps=120",
-    "sft.batch_size=16",
-    "sft.warmup_steps=5",
-    "sft.save_every=10",
-    "sft.log_every=10",
-    "eval.k=2",
-    "eval.max_new_tokens=48",
-]
-ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-
-
-def make_project(path: Path) -> Path:
-    """A git repo holding the tracked files of this one, its params shrunk to TINY."""
-    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
-    for name in tracked:
-        if (REPO / name).is_file():
-            (path / name).parent.mkdir(parents=True, exist_ok=True)
-            (path / name).write_bytes((REPO / name).read_bytes())
-    params = OmegaConf.merge(OmegaConf.load(path / "params.yaml"), OmegaConf.from_dotlist(TINY))
-    OmegaConf.save(params, path / "params.yaml")
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q"], cwd=path, check=True)
-    subprocess.run([*git, "add", "-A"], cwd=path, check=True)
-    subprocess.run([*git, "commit", "-qm", "init"], cwd=path, check=True)
-    return path
-
-
-def dvc(path: Path, *args: str) -> str:
-    result = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=path, env=ENV, capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout + result.stderr
-
-
-def stages_run(output: str) -> set[str]:
-    return set(re.findall(r"Running stage '([^']+)'", output))
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> dict:
-    path = make_project(tmp_path_factory.mktemp("uninterrupted"))
-    output = dvc(path, "repro")
-    return {
-        "path": path,
-        "output": output,
-        "lock": (path / "dvc.lock").read_text(),
-        "weights": (path / "artifacts/sft/model.safetensors").read_bytes(),
-    }
 
 
 def test_pipeline_runs_every_stage_and_reports_in_order(uninterrupted):

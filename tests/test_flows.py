@@ -1,0 +1,182 @@
+"""The DAG as Prefect flows on Ray, against a real Prefect server on 127.0.0.1 (minutes)."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import ENV, make_project
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def prefect_env(tmp_path_factory):
+    """A Prefect server (SQLite) on 127.0.0.1 and the environment that points clients at it."""
+    home = tmp_path_factory.mktemp("prefect-home")
+    port = _free_port()
+    env = {**ENV, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    server = subprocess.Popen(
+        ["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    api = f"http://127.0.0.1:{port}/api"
+    _wait_until(lambda: _get(f"{api}/health") is True, seconds=120, what="Prefect server health")
+    yield {**env, "PREFECT_API_URL": api}
+    os.killpg(server.pid, signal.SIGTERM)
+    server.wait(timeout=30)
+
+
+def _request(url: str, payload: dict | None = None) -> tuple[int, object]:
+    data = None if payload is None else json.dumps(payload).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+    except (urllib.error.URLError, ConnectionError):
+        return 0, None
+
+
+def _get(url: str) -> object:
+    return _request(url)[1]
+
+
+def _wait_until(condition, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {seconds}s for {what}")
+        time.sleep(0.5)
+
+
+def run_flow(path: Path, env: dict, *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["alignflow", "run", "sft", *overrides], cwd=path, env=env, capture_output=True, text=True, timeout=900
+    )
+
+
+def test_prefect_flow_and_dvc_repro_leave_identical_lock_hashes(uninterrupted, prefect_env, tmp_path):
+    result = run_flow(make_project(tmp_path), prefect_env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "dvc.lock").read_text() == uninterrupted["lock"]
+    # Every stage published its summary, and the flow its report.
+    status, artifacts = _request(f"{prefect_env['PREFECT_API_URL']}/artifacts/filter", {})
+    keys = {artifact["key"] for artifact in artifacts}
+    assert {"data", "base", "sft", "eval-base", "eval-sft", "sft-report"} <= keys
+    sft_summary = next(a for a in artifacts if a["key"] == "sft")["data"]
+    assert "artifacts/sft" in sft_summary and "train/loss" in sft_summary
+
+    again = run_flow(tmp_path, prefect_env)
+    assert (
+        again.returncode == 0
+        and again.stdout.count("is up to date: skipped") + again.stderr.count("is up to date: skipped") == 5
+    )
+
+
+def test_ui_run_through_the_rest_api_applies_its_override(prefect_env, tmp_path):
+    project = make_project(tmp_path)
+    serve = subprocess.Popen(
+        ["alignflow", "serve"],
+        cwd=project,
+        env=prefect_env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    api = prefect_env["PREFECT_API_URL"]
+    try:
+        _wait_until(lambda: _request(f"{api}/deployments/filter", {})[1], seconds=120, what="deployment")
+        (deployment,) = [d for d in _request(f"{api}/deployments/filter", {})[1] if d["name"] == "sft"]
+
+        # The form: typed, described overrides.
+        schema = deployment["parameter_openapi_schema"]
+        definitions = schema["definitions"]
+        sft_fields = definitions["OverridesSft"]["properties"]
+        assert {"type": "number", "exclusiveMinimum": 0} in sft_fields["lr"]["anyOf"]
+        assert "learning rate" in sft_fields["lr"]["description"]
+        assert {"enum": ["arithmetic", "countdown"], "type": "string"} in definitions["OverridesTask"]["properties"][
+            "name"
+        ]["anyOf"]
+
+        # An invalid value is refused when the run is created: nothing runs.
+        create = f"{api}/deployments/{deployment['id']}/create_flow_run"
+        status, _ = _request(create, {"parameters": {"overrides": {"sft": {"lr": -1}}}})
+        assert status in (409, 422)
+        assert not (project / "artifacts").exists()
+
+        # What the UI's Run button sends, with an override.
+        status, flow_run = _request(create, {"parameters": {"overrides": {"data": {"num_test": 12}}}})
+        assert status == 201
+        _wait_until(
+            lambda: _get(f"{api}/flow_runs/{flow_run['id']}")["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED"),
+            seconds=600,
+            what="flow run",
+        )
+        assert _get(f"{api}/flow_runs/{flow_run['id']}")["state"]["type"] == "COMPLETED"
+        assert json.loads((project / "metrics/data/metrics.json").read_text())["num_test"] == 12
+        assert "num_test: 12" in (project / "params.yaml").read_text()
+    finally:
+        os.killpg(serve.pid, signal.SIGTERM)
+        serve.wait(timeout=60)
+
+
+def test_stage_that_fails_once_succeeds_on_retry(prefect_env, tmp_path):
+    project = make_project(tmp_path, ("runner.retries=1", "runner.retry_delay_seconds=0"))
+    (project / "fail_once.py").write_text(
+        "import pathlib, sys\n"
+        "marker = pathlib.Path('.failed-once')\n"
+        "if not marker.exists():\n"
+        "    marker.touch()\n"
+        "    sys.exit('failing on purpose')\n"
+    )
+    dvc_yaml = project / "dvc.yaml"
+    dvc_yaml.write_text(
+        dvc_yaml.read_text().replace("cmd: alignflow stage base", "cmd: python fail_once.py && alignflow stage base")
+    )
+    result = run_flow(project, prefect_env)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "exited with status 1" in output and "Retry 1/1" in output
+    assert (project / "artifacts/base/model.safetensors").is_file()
+
+
+def test_stage_killed_mid_run_resumes_from_its_checkpoint_on_the_next_run(uninterrupted, prefect_env, tmp_path):
+    project = make_project(tmp_path)
+    flow = subprocess.Popen(
+        ["alignflow", "run", "sft"], cwd=project, env=prefect_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    checkpoints = project / ".alignflow/checkpoints/sft"
+    _wait_until(lambda: list(checkpoints.glob("*/latest.pt")) or flow.poll() is not None, 600, "a checkpoint")
+    (stage,) = [
+        p
+        for p in psutil.process_iter(["cmdline", "cwd"])
+        if p.info["cwd"] == str(project) and p.info["cmdline"][-2:] == ["stage", "sft"]
+    ]
+    stage.kill()
+    assert flow.wait(timeout=300) != 0, "the flow fails when a stage is killed and no retries are left"
+    assert not (project / "artifacts/sft").exists()
+
+    result = run_flow(project, prefect_env)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "sft: resuming from the checkpoint at step" in output
+    assert (project / "artifacts/sft/model.safetensors").read_bytes() == uninterrupted["weights"]
