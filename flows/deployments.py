@@ -8,6 +8,7 @@ the flow's own lock also queues runs started from the CLI in the same project.
 
 from prefect import serve
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+from prefect.deployments.runner import EntrypointType
 
 from flows.pipelines import FLOWS
 from tasks.config import Params
@@ -24,6 +25,7 @@ def serve_pipelines(params: Params) -> None:
             concurrency_limit=queue_one_at_a_time,
             enforce_parameter_schema=True,
             tags=["alignflow"],
+            entrypoint_type=EntrypointType.MODULE_PATH,
         )
         for name, pipeline_flow in FLOWS.items()
     ]

@@ -19,7 +19,7 @@ from prefect import Flow, flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.futures import PrefectFuture
 
-from flows.catalog import PIPELINES, Pipeline
+from flows.catalog import PIPELINES
 from flows.overrides import Overrides, to_dotlist
 from flows.report import collect, markdown_table, stage_metrics
 from flows.runner import StageSpec, connect_ray, execute, is_up_to_date, outputs, read_dag, record
@@ -91,12 +91,10 @@ def run_pipeline(name: str, overrides: list[str], project: Path) -> dict[str, di
     return report
 
 
-def _pipeline_flow(name: str, pipeline: Pipeline) -> Flow:
-    def pipeline_flow(overrides: Overrides | None = None) -> dict[str, dict[str, Any]]:
-        return run_pipeline(name, to_dotlist(overrides), Path.cwd())
-
-    pipeline_flow.__doc__ = pipeline.description
-    return flow(name=name, description=pipeline.description, validate_parameters=True)(pipeline_flow)
+@flow(name="sft", description=PIPELINES["sft"].description, validate_parameters=True)
+def sft(overrides: Overrides | None = None) -> dict[str, dict[str, Any]]:
+    """Supervised fine-tuning: data -> base -> sft, with held-out evaluation of base and sft."""
+    return run_pipeline("sft", to_dotlist(overrides), Path.cwd())
 
 
-FLOWS: dict[str, Flow] = {name: _pipeline_flow(name, pipeline) for name, pipeline in PIPELINES.items()}
+FLOWS: dict[str, Flow] = {"sft": sft}

@@ -45,15 +45,20 @@ def prefect_env(tmp_path_factory):
 
 
 def _request(url: str, payload: dict | None = None) -> tuple[int, object]:
+    """POST ``payload`` (GET without one); like Prefect's own client, retry while the server answers 503."""
     data = None if payload is None else json.dumps(payload).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read() or b"null")
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
-    except (urllib.error.URLError, ConnectionError):
-        return 0, None
+    for _ in range(10):
+        request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as error:
+            if error.code != 503:
+                return error.code, error.read().decode()
+        except (urllib.error.URLError, ConnectionError):
+            return 0, None
+        time.sleep(2)
+    return 503, None
 
 
 def _get(url: str) -> object:
