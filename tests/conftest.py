@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from omegaconf import OmegaConf
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,6 +60,11 @@ def dvc(path: Path, *args: str) -> str:
     return result.stdout + result.stderr
 
 
+def lock_entries(project: Path) -> dict:
+    """dvc.lock's record of every stage (cmd, deps, params, outs with their hashes), order aside."""
+    return yaml.safe_load((project / "dvc.lock").read_text())["stages"]
+
+
 def stages_run(output: str) -> set[str]:
     return set(re.findall(r"Running stage '([^']+)'", output))
 
@@ -71,6 +77,6 @@ def uninterrupted(tmp_path_factory) -> dict:
     return {
         "path": path,
         "output": output,
-        "lock": (path / "dvc.lock").read_text(),
+        "lock": lock_entries(path),
         "weights": (path / "artifacts/sft/model.safetensors").read_bytes(),
     }

@@ -13,7 +13,7 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import ENV, dvc, make_project, stages_run
+from tests.conftest import ENV, dvc, lock_entries, make_project, stages_run
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,7 @@ def test_pipeline_runs_every_stage_and_reports_in_order(uninterrupted):
 def test_same_params_and_seed_give_identical_lock_hashes(uninterrupted, tmp_path):
     twin = make_project(tmp_path)
     dvc(twin, "repro")
-    assert (twin / "dvc.lock").read_text() == uninterrupted["lock"]
+    assert lock_entries(twin) == uninterrupted["lock"]
 
 
 def test_kill_during_sft_then_repro_resumes_to_identical_weights(uninterrupted, tmp_path):
@@ -65,7 +65,7 @@ def test_kill_during_sft_then_repro_resumes_to_identical_weights(uninterrupted, 
     output = dvc(path, "repro")
     assert "sft: resuming from the checkpoint at step" in output
     assert (path / "artifacts/sft/model.safetensors").read_bytes() == uninterrupted["weights"]
-    assert (path / "dvc.lock").read_text() == uninterrupted["lock"]
+    assert lock_entries(path) == uninterrupted["lock"]
     assert not checkpoints.exists(), "checkpoints are cleared once the stage succeeds"
 
 
