@@ -22,7 +22,17 @@ from prefect.futures import PrefectFuture
 from flows.catalog import PIPELINES
 from flows.overrides import Overrides, to_dotlist
 from flows.report import collect, markdown_table, stage_metrics
-from flows.runner import StageSpec, connect_ray, execute, is_up_to_date, outputs, read_dag, record
+from flows.runner import (
+    StageSpec,
+    connect_ray,
+    execute,
+    interrupt_run,
+    is_up_to_date,
+    outputs,
+    read_dag,
+    record,
+    start_run,
+)
 from tasks.artifacts import atomic_output
 from tasks.config import RunnerConfig, load_params
 
@@ -75,6 +85,7 @@ def run_pipeline(name: str, overrides: list[str], project: Path) -> dict[str, di
             write_overrides(project / "params.yaml", overrides)
             logger.info(f"params.yaml updated with {', '.join(overrides)}")
         connect_ray(params.runner)
+        start_run()
         stage_task = run_stage.with_options(
             retries=params.runner.retries, retry_delay_seconds=params.runner.retry_delay_seconds
         )
@@ -82,8 +93,12 @@ def run_pipeline(name: str, overrides: list[str], project: Path) -> dict[str, di
         for stage in read_dag(project, PIPELINES[name].targets):
             upstream = [futures[u] for u in stage.upstream if u in futures]
             futures[stage.name] = stage_task.submit(project, stage, params.runner, wait_for=upstream)
-        for future in futures.values():
-            future.result()
+        try:
+            for future in futures.values():
+                future.result()
+        except BaseException:
+            interrupt_run()
+            raise
         report = collect(project)
     create_markdown_artifact(
         key=f"{name.replace('_', '-')}-report", markdown=markdown_table(report), description=f"{name} pipeline report"

@@ -53,8 +53,8 @@ def collect(root: str | Path = ".") -> dict[str, dict[str, Any]]:
         for stage in dependencies_first(repo):
             metrics = _metrics_of(stage)
             if metrics:
-                kind, _, target = stage.addressing.partition("@")
-                owner = target if kind == "eval" and target else stage.addressing
+                kind, _, target = stage.name.partition("@")
+                owner = target if kind == "eval" and target else stage.name
                 report.setdefault(owner, {}).update(metrics)
     return report
 

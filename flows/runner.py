@@ -28,6 +28,9 @@ from tasks.config import RunnerConfig, StageResources
 
 LOGS = Path(".alignflow") / "logs"
 _DVC = threading.Lock()
+# Set when the flow is interrupted (Ctrl-C, or Prefect cancelling the run): every stage waiting on
+# Ray cancels its task, which kills the stage's process.
+_INTERRUPTED = threading.Event()
 _PR_SET_PDEATHSIG = 1
 
 
@@ -42,16 +45,16 @@ def read_dag(project: Path, targets: tuple[str, ...]) -> list[StageSpec]:
     """The stages ``targets`` need (themselves and everything upstream), in dependency order."""
     with _DVC, Repo(str(project)) as repo:
         graph = repo.index.graph  # edges point from a stage to the stages it depends on
-        by_name = {stage.addressing: stage for stage in graph}
+        by_name = {stage.name: stage for stage in graph}
         missing = [t for t in targets if t not in by_name]
         if missing:
             raise ValueError(f"{project / 'dvc.yaml'}: no stage(s) {', '.join(missing)}")
         needed = set().union(*({by_name[t], *nx.descendants(graph, by_name[t])} for t in targets))
         return [
             StageSpec(
-                stage.addressing,
+                stage.name,
                 stage.cmd if isinstance(stage.cmd, str) else " && ".join(stage.cmd),
-                tuple(dependency.addressing for dependency in graph.successors(stage)),
+                tuple(dependency.name for dependency in graph.successors(stage)),
             )
             for stage in dependencies_first(repo)
             if stage in needed
@@ -120,6 +123,15 @@ class StageFailed(RuntimeError):
     pass
 
 
+def start_run() -> None:
+    _INTERRUPTED.clear()
+
+
+def interrupt_run() -> None:
+    """Stop the stages this process is running on Ray."""
+    _INTERRUPTED.set()
+
+
 def execute(project: Path, stage: StageSpec, runner: RunnerConfig, on_line: Callable[[str], None]) -> None:
     """Run ``stage.cmd`` on Ray in ``project``, forwarding its output line by line; StageFailed if it fails.
 
@@ -140,6 +152,8 @@ def execute(project: Path, stage: StageSpec, runner: RunnerConfig, on_line: Call
             tail = _LogTail(log, on_line)
             while not ray.wait([reference], timeout=0.5)[0]:
                 tail.forward()
+                if _INTERRUPTED.is_set():
+                    raise StageFailed(f"stage {stage.name!r} interrupted")
             tail.forward(final=True)
             exit_code = ray.get(reference)
     except BaseException:

@@ -164,6 +164,27 @@ def test_stage_that_fails_once_succeeds_on_retry(prefect_env, tmp_path):
     assert (project / "artifacts/base/model.safetensors").is_file()
 
 
+def _stage_process(project: Path, stage: str) -> psutil.Process | None:
+    for process in psutil.process_iter(["cmdline", "cwd"]):
+        if process.info["cwd"] == str(project) and (process.info["cmdline"] or [])[-2:] == ["stage", stage]:
+            return process
+    return None
+
+
+def test_ctrl_c_stops_the_stage_running_on_ray(prefect_env, tmp_path):
+    project = make_project(tmp_path, ("sft.max_steps=100000",))
+    flow = subprocess.Popen(
+        ["alignflow", "run", "sft"], cwd=project, env=prefect_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    _wait_until(lambda: _stage_process(project, "sft") or flow.poll() is not None, 600, "the sft stage to start")
+    stage = _stage_process(project, "sft")
+    flow.send_signal(signal.SIGINT)
+    gone, alive = psutil.wait_procs([stage], timeout=60)
+    assert gone and not alive, "the stage process outlived the interrupted flow"
+    assert flow.wait(timeout=120) != 0
+    assert not (project / "artifacts/sft").exists()
+
+
 def test_stage_killed_mid_run_resumes_from_its_checkpoint_on_the_next_run(uninterrupted, prefect_env, tmp_path):
     project = make_project(tmp_path)
     flow = subprocess.Popen(
@@ -171,12 +192,7 @@ def test_stage_killed_mid_run_resumes_from_its_checkpoint_on_the_next_run(uninte
     )
     checkpoints = project / ".alignflow/checkpoints/sft"
     _wait_until(lambda: list(checkpoints.glob("*/latest.pt")) or flow.poll() is not None, 600, "a checkpoint")
-    (stage,) = [
-        p
-        for p in psutil.process_iter(["cmdline", "cwd"])
-        if p.info["cwd"] == str(project) and p.info["cmdline"][-2:] == ["stage", "sft"]
-    ]
-    stage.kill()
+    _stage_process(project, "sft").kill()
     assert flow.wait(timeout=300) != 0, "the flow fails when a stage is killed and no retries are left"
     assert not (project / "artifacts/sft").exists()
 
