@@ -77,14 +77,15 @@ def main(overrides: list[str]) -> None:
         try:
             direct_project = clone(scratch / "direct", overrides)
             commands = stage_commands(direct_project)
-            times = {"direct": 0.0}
-            for command in commands:
-                times["direct"] += timed(["sh", "-c", command], direct_project, ENV)
+            stage_times = {command: timed(["sh", "-c", command], direct_project, ENV) for command in commands}
+            times = {"direct": sum(stage_times.values())}
             times["dvc"] = timed([sys.executable, "-m", "dvc", "repro"], clone(scratch / "dvc", overrides), ENV)
             times["prefect"] = timed(["alignflow", "run", "sft"], clone(scratch / "prefect", overrides), prefect_env)
         finally:
             os.killpg(server.pid, signal.SIGTERM)
     print(f"default pipeline ({len(commands)} stages{', ' + ' '.join(overrides) if overrides else ''})")
+    for command, seconds in stage_times.items():
+        print(f"  direct: {command:<28} {seconds:6.1f} s")
     for leg, seconds in times.items():
         print(f"  {leg:<8} {seconds:7.1f} s   {seconds / times['direct']:.3f}x direct")
     overhead = times["prefect"] / times["direct"] - 1

@@ -87,7 +87,6 @@ def _run_pipeline(args: argparse.Namespace) -> None:
     from tasks.config import load_params
 
     load_params("params.yaml", args.overrides)  # the same messages as `alignflow stage`, before Prefect starts
-    _quiet_libraries()
     from flows.overrides import Overrides
     from flows.pipelines import FLOWS
     from flows.report import render
@@ -101,9 +100,7 @@ def _serve(args: argparse.Namespace) -> None:
     from flows.deployments import serve_pipelines
     from tasks.config import load_params
 
-    params = load_params("params.yaml")
-    _quiet_libraries()
-    serve_pipelines(params)
+    serve_pipelines(load_params("params.yaml"))
 
 
 def _report(args: argparse.Namespace) -> None:

@@ -42,7 +42,7 @@ def _metrics_of(stage: Any) -> dict[str, Any]:
 def stage_metrics(root: str | Path, name: str) -> dict[str, Any]:
     """The flat metrics one stage wrote ({} if none yet)."""
     with Repo(str(root)) as repo:
-        (stage,) = repo.stage.collect(name)
+        (stage,) = repo.stage.collect(f"{Path(root) / 'dvc.yaml'}:{name}")
         return _metrics_of(stage)
 
 

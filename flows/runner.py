@@ -61,23 +61,28 @@ def read_dag(project: Path, targets: tuple[str, ...]) -> list[StageSpec]:
         ]
 
 
+def _target(project: Path, stage: str) -> str:
+    # DVC resolves a bare stage name against the current directory; name the dvc.yaml explicitly.
+    return f"{project / 'dvc.yaml'}:{stage}"
+
+
 def is_up_to_date(project: Path, stage: str) -> bool:
     with _DVC, Repo(str(project)) as repo:
-        return not repo.status(targets=[stage])
+        return not repo.status(targets=[_target(project, stage)])
 
 
 def record(project: Path, stage: str) -> dict[str, str]:
     """``dvc commit`` the stage (hash outputs, cache them, write dvc.lock); return {output: md5}."""
     with _DVC, Repo(str(project)) as repo:
-        (committed,) = repo.commit(stage, force=True)
-        return {str(out): out.hash_info.value for out in committed.outs}
+        (committed,) = repo.commit(_target(project, stage), force=True)
+        return {out.def_path: out.hash_info.value for out in committed.outs}
 
 
 def outputs(project: Path, stage: str) -> dict[str, str]:
     """{output: md5} of an up-to-date stage, as dvc.lock records them."""
     with _DVC, Repo(str(project)) as repo:
-        (found,) = repo.stage.collect(stage)
-        return {str(out): out.hash_info.value for out in found.outs}
+        (found,) = repo.stage.collect(_target(project, stage))
+        return {out.def_path: out.hash_info.value for out in found.outs}
 
 
 def resources_for(stage: str, runner: RunnerConfig) -> StageResources:

@@ -61,7 +61,8 @@ def test_params_yaml_sets_every_documented_key():
 
     def leaves(tree, prefix=""):
         for key, value in tree.items():
-            yield from leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}"]
+            nested = isinstance(value, dict) and value
+            yield from leaves(value, f"{prefix}{key}.") if nested else [f"{prefix}{key}"]
 
     in_file = set(leaves(OmegaConf.to_container(OmegaConf.load(REPO / "params.yaml"))))
     assert in_file == {key for key, _, _ in fields_with_keys(Params())}
