@@ -6,20 +6,22 @@
 
 Each leg runs in its own fresh clone of this repo's HEAD, so every leg does the
 same work from nothing. A Prefect server is started first and not timed (it is
-infrastructure a deployment has running already); Ray start-up is timed.
+infrastructure a deployment has running already); Ray start-up is timed. This
+machine's speed drifts (steal time), so legs run in rounds, each round in a
+rotated order, and the median per leg is compared.
 
-    .venv/bin/python bench/orchestration.py [KEY=VALUE ...]   # optional param overrides
+    .venv/bin/python bench/orchestration.py [--rounds N] [KEY=VALUE ...]   # optional param overrides
 """
 
 import os
-import signal
-import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+
+from flows.local_server import local_prefect_server
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
@@ -48,49 +50,38 @@ def stage_commands(project: Path) -> list[str]:
     return [stage.cmd for stage in read_dag(project, PIPELINES["sft"].targets)]
 
 
-def start_prefect_server(home: Path) -> tuple[subprocess.Popen, dict]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {**ENV, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    server = subprocess.Popen(
-        ["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    api = f"http://127.0.0.1:{port}/api"
-    for _ in range(240):
-        try:
-            urllib.request.urlopen(f"{api}/health", timeout=2)
-            break
-        except OSError:
-            time.sleep(0.5)
-    return server, {**env, "PREFECT_API_URL": api}
-
-
-def main(overrides: list[str]) -> None:
-    with tempfile.TemporaryDirectory() as scratch:
+def main(rounds: int, overrides: list[str]) -> None:
+    times: dict[str, list[float]] = {"direct": [], "dvc": [], "prefect": []}
+    with tempfile.TemporaryDirectory() as scratch, local_prefect_server(Path(scratch) / "prefect", ENV) as prefect_env:
         scratch = Path(scratch)
-        server, prefect_env = start_prefect_server(scratch / "prefect-home")
-        try:
-            direct_project = clone(scratch / "direct", overrides)
-            commands = stage_commands(direct_project)
-            stage_times = {command: timed(["sh", "-c", command], direct_project, ENV) for command in commands}
-            times = {"direct": sum(stage_times.values())}
-            times["dvc"] = timed([sys.executable, "-m", "dvc", "repro"], clone(scratch / "dvc", overrides), ENV)
-            times["prefect"] = timed(["alignflow", "run", "sft"], clone(scratch / "prefect", overrides), prefect_env)
-        finally:
-            os.killpg(server.pid, signal.SIGTERM)
-    print(f"default pipeline ({len(commands)} stages{', ' + ' '.join(overrides) if overrides else ''})")
-    for command, seconds in stage_times.items():
-        print(f"  direct: {command:<28} {seconds:6.1f} s")
-    for leg, seconds in times.items():
-        print(f"  {leg:<8} {seconds:7.1f} s   {seconds / times['direct']:.3f}x direct")
-    overhead = times["prefect"] / times["direct"] - 1
+        commands = stage_commands(clone(scratch / "dag", overrides))
+
+        def direct(project: Path) -> float:
+            return sum(timed(["sh", "-c", command], project, ENV) for command in commands)
+
+        legs = {
+            "direct": direct,
+            "dvc": lambda project: timed([sys.executable, "-m", "dvc", "repro"], project, ENV),
+            "prefect": lambda project: timed(["alignflow", "run", "sft"], project, prefect_env),
+        }
+        order = list(legs)
+        for round_number in range(rounds):
+            for leg in order[round_number % 3 :] + order[: round_number % 3]:
+                seconds = legs[leg](clone(scratch / f"{leg}-{round_number}", overrides))
+                times[leg].append(seconds)
+                print(f"round {round_number + 1}: {leg:<8} {seconds:7.1f} s", flush=True)
+    medians = {leg: statistics.median(samples) for leg, samples in times.items()}
+    settings = f": {' '.join(overrides)}" if overrides else ""
+    print(f"default pipeline, {len(commands)} stages, median of {rounds} round(s){settings}")
+    for leg, seconds in medians.items():
+        print(f"  {leg:<8} {seconds:7.1f} s   {seconds / medians['direct']:.3f}x direct")
+    overhead = medians["prefect"] / medians["direct"] - 1
     print(f"orchestration overhead of Prefect + Ray + DVC: {overhead:+.1%} (target: under +10%)")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    arguments = sys.argv[1:]
+    rounds = 1
+    if arguments[:1] == ["--rounds"]:
+        rounds, arguments = int(arguments[1]), arguments[2:]
+    main(rounds, arguments)

@@ -12,9 +12,11 @@ they reserve); DVC's bookkeeping is serialised by one lock in this process.
 
 import ctypes
 import os
+import shlex
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +34,7 @@ _DVC = threading.Lock()
 # Ray cancels its task, which kills the stage's process.
 _INTERRUPTED = threading.Event()
 _PR_SET_PDEATHSIG = 1
+_CANCEL_GRACE_SECONDS = 10
 
 
 @dataclass(frozen=True)
@@ -104,12 +107,18 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def _argv(cmd: str) -> list[str]:
+    """A simple command runs as itself (so the parent-death signal reaches it); anything else under sh."""
+    if any(char in cmd for char in "|&;<>()$`\\\"'*?[#~=%\n"):
+        return ["/bin/sh", "-c", cmd]
+    return shlex.split(cmd)
+
+
 @ray.remote(max_retries=0)
 def _execute(cmd: str, cwd: str, env: dict[str, str], log_path: str) -> int:
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            cmd,
-            shell=True,
+            _argv(cmd),
             cwd=cwd,
             env=env,
             stdout=log,
@@ -118,10 +127,14 @@ def _execute(cmd: str, cwd: str, env: dict[str, str], log_path: str) -> int:
             preexec_fn=_die_with_parent,
         )
         try:
-            return process.wait()
+            # Poll rather than block in wait(): Ray's cancel interrupts the task between polls.
+            while process.poll() is None:
+                time.sleep(0.2)
+            return process.returncode
         finally:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
 
 
 class StageFailed(RuntimeError):
@@ -162,10 +175,17 @@ def execute(project: Path, stage: StageSpec, runner: RunnerConfig, on_line: Call
             tail.forward(final=True)
             exit_code = ray.get(reference)
     except BaseException:
-        ray.cancel(reference, force=True)
+        _cancel(reference)
         raise
     if exit_code != 0:
         raise StageFailed(f"stage {stage.name!r} exited with status {exit_code} (log: {log_path})")
+
+
+def _cancel(reference: ray.ObjectRef) -> None:
+    """Interrupt the task (its cleanup kills the stage's process group); kill the worker if that stalls."""
+    ray.cancel(reference)
+    if not ray.wait([reference], timeout=_CANCEL_GRACE_SECONDS)[0]:
+        ray.cancel(reference, force=True)
 
 
 class _LogTail:

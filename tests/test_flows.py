@@ -3,7 +3,6 @@
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -13,35 +12,17 @@ from pathlib import Path
 import psutil
 import pytest
 
+from flows.local_server import local_prefect_server
 from tests.conftest import ENV, lock_entries, make_project
 
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def prefect_env(tmp_path_factory):
     """A Prefect server (SQLite) on 127.0.0.1 and the environment that points clients at it."""
-    home = tmp_path_factory.mktemp("prefect-home")
-    port = _free_port()
-    env = {**ENV, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    server = subprocess.Popen(
-        ["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    api = f"http://127.0.0.1:{port}/api"
-    _wait_until(lambda: _get(f"{api}/health") is True, seconds=120, what="Prefect server health")
-    yield {**env, "PREFECT_API_URL": api}
-    os.killpg(server.pid, signal.SIGTERM)
-    server.wait(timeout=30)
+    with local_prefect_server(tmp_path_factory.mktemp("prefect-home"), ENV) as env:
+        yield env
 
 
 def _request(url: str, payload: dict | None = None) -> tuple[int, object]:
