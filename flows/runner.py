@@ -11,6 +11,7 @@ they reserve); DVC's bookkeeping is serialised by one lock in this process.
 """
 
 import ctypes
+import functools
 import os
 import shlex
 import signal
@@ -98,13 +99,23 @@ def connect_ray(runner: RunnerConfig) -> None:
     if ray.is_initialized():
         return
     address = runner.ray_address or os.environ.get("RAY_ADDRESS")
-    local = {} if address else {"num_cpus": os.cpu_count(), "include_dashboard": False}
+    # Ray runs workers at nice 15 by default; stages must get the CPU share they get under `dvc repro`.
+    local = (
+        {}
+        if address
+        else {"num_cpus": os.cpu_count(), "include_dashboard": False, "_system_config": {"worker_niceness": 0}}
+    )
     ray.init(address=address, log_to_driver=False, configure_logging=False, **local)
 
 
-def _die_with_parent() -> None:
-    # If the Ray worker running a stage is killed (cancelled run, Ctrl-C), the stage dies with it.
+def _prepare_stage_process(niceness: int) -> None:
+    """Runs in the stage's process before it starts: die with the Ray worker (a cancelled run, Ctrl-C), and
+    run at the flow's priority rather than the worker's (a cluster may run workers niced)."""
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, niceness)
+    except PermissionError:
+        pass  # raising priority needs CAP_SYS_NICE; the stage then runs at the worker's priority
 
 
 def _argv(cmd: str) -> list[str]:
@@ -115,7 +126,7 @@ def _argv(cmd: str) -> list[str]:
 
 
 @ray.remote(max_retries=0)
-def _execute(cmd: str, cwd: str, env: dict[str, str], log_path: str) -> int:
+def _execute(cmd: str, cwd: str, env: dict[str, str], log_path: str, niceness: int) -> int:
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             _argv(cmd),
@@ -124,7 +135,7 @@ def _execute(cmd: str, cwd: str, env: dict[str, str], log_path: str) -> int:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=functools.partial(_prepare_stage_process, niceness),
         )
         try:
             # Poll rather than block in wait(): Ray's cancel interrupts the task between polls.
@@ -164,7 +175,7 @@ def execute(project: Path, stage: StageSpec, runner: RunnerConfig, on_line: Call
         num_cpus=resources.num_cpus,
         num_gpus=resources.num_gpus,
         memory=int(resources.memory_gb * 2**30) or None,
-    ).remote(stage.cmd, str(project), dict(os.environ), str(log_path))
+    ).remote(stage.cmd, str(project), dict(os.environ), str(log_path), os.getpriority(os.PRIO_PROCESS, 0))
     try:
         with open(log_path, "rb") as log:
             tail = _LogTail(log, on_line)
