@@ -26,7 +26,7 @@ import networkx as nx
 import ray
 from dvc.repo import Repo
 
-from flows.report import dependencies_first
+from flows.dag import dependencies_first
 from tasks.config import RunnerConfig, StageResources
 
 LOGS = Path(".alignflow") / "logs"

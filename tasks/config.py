@@ -107,7 +107,10 @@ class StageResources:
 
 
 def _default_resources() -> dict[str, StageResources]:
-    return {"default": StageResources(), "sft": StageResources(num_cpus=2.0)}
+    # A stage computes with torch's default thread count (the machine's cores): reserving fewer CPUs
+    # would let Ray run stages side by side on the same cores, and oversubscribed threads run slower
+    # than the same stages one after the other. On more cores, lower these to run stages in parallel.
+    return {"default": StageResources(num_cpus=2.0)}
 
 
 @dataclass
