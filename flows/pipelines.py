@@ -108,7 +108,6 @@ def run_pipeline(name: str, overrides: list[str], project: Path) -> dict[str, di
 
 @flow(name="sft", description=PIPELINES["sft"].description, validate_parameters=True)
 def sft(overrides: Overrides | None = None) -> dict[str, dict[str, Any]]:
-    """Supervised fine-tuning: data -> base -> sft, with held-out evaluation of base and sft."""
     return run_pipeline("sft", to_dotlist(overrides), Path.cwd())
 
 

@@ -6,13 +6,11 @@ only when it finishes, so a failed or killed stage never leaves a partial output
 The paths here are the ones ``dvc.yaml`` declares.
 """
 
-import json
 import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 ARTIFACTS = Path("artifacts")
 DATA_DIR = ARTIFACTS / "data"
@@ -55,11 +53,6 @@ def atomic_output(final: Path) -> Iterator[Path]:
             os.replace(temporary, final)
     finally:
         _remove(temporary)
-
-
-def write_json(path: Path, payload: Any) -> None:
-    with atomic_output(path) as temporary:
-        temporary.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
 def _remove(path: Path) -> None:

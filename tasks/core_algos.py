@@ -137,11 +137,6 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * logits).sum(-1)
 
 
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """1 − Var[R − V] / Var[R] over real tokens: 1 is a perfect critic, ≤ 0 no better than a constant."""
-    return 1 - masked_variance(returns - values, mask) / masked_variance(returns, mask).clamp(min=1e-8)
-
-
 def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
     """−log σ(r_chosen − r_rejected), averaged over pairs."""
     return -torch.nn.functional.logsigmoid(chosen - rejected).mean()
