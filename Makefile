@@ -9,7 +9,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 .PHONY: pipeline test lint
 
 pipeline: $(INSTALLED)
-	dvc repro
+	alignflow repro sft
 	alignflow report
 
 test: $(INSTALLED) lint

@@ -14,4 +14,9 @@ PIPELINES: dict[str, Pipeline] = {
         "Supervised fine-tuning: data -> base -> sft, with held-out evaluation of base and sft.",
         ("eval@base", "eval@sft"),
     ),
+    "rlhf": Pipeline(
+        "RLHF (InstructGPT): data -> base -> sft -> preference pairs judged -> Bradley-Terry reward model "
+        "-> PPO, with held-out evaluation of base, sft and ppo.",
+        ("eval@base", "eval@sft", "eval@ppo"),
+    ),
 }

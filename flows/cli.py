@@ -11,20 +11,25 @@ from flows.catalog import PIPELINES
 DESCRIPTION = """\
 alignflow: declarative, reproducible LLM post-training pipelines.
 
-The pipeline is declared in dvc.yaml (stages, inputs, outputs) and params.yaml
-(every stage's settings). Run it all with `dvc repro`: only stages whose inputs
-or params changed run again. Each stage is also a command of its own.
+The pipelines are declared in dvc.yaml (stages, inputs, outputs) and params.yaml
+(every stage's settings). Run one with `alignflow repro PIPELINE` (`dvc repro` of its
+final stages; `dvc repro` alone runs them all): only stages whose inputs or params
+changed run again. Each stage is also a command of its own.
 
-Stages of the default pipeline:
-  data        generate seeded train/held-out problem splits (or read your JSONL)
-  base        build the tiny built-in model, or load base.model_path
-  sft         supervised fine-tuning on worked solutions (resumes after a crash)
-  eval@MODEL  held-out pass@1, pass@k, format rate, response length of MODEL
+Pipelines: sft (the default), rlhf. Stages:
+  data         generate seeded train/held-out problem splits (or read your JSONL)
+  base         build the tiny built-in model, or load base.model_path
+  sft          supervised fine-tuning on worked solutions (resumes after a crash)
+  preferences  sample K responses per prompt from sft, label pairs with the noisy gold judge
+  reward       Bradley-Terry reward model(s) on the pairs; held-out pairwise accuracy
+  ppo          PPO: actor, critic, reference, reward roles; KL-shaped rewards, GAE (resumes)
+  eval@MODEL   held-out pass@1, pass@k, gold reward, format rate, response length of MODEL
 """
 
 EPILOG = """\
 examples:
-  dvc repro                              run the pipeline (skips what is up to date)
+  alignflow repro sft                    run the default pipeline (skips what is up to date)
+  alignflow repro rlhf                   SFT -> reward model -> PPO
   alignflow stage sft sft.lr=1e-4        run one stage with a param override
   alignflow report --json                latest metrics of every stage as JSON
 """
@@ -40,6 +45,13 @@ def _parser() -> argparse.ArgumentParser:
     stage.add_argument("name", help="stage name as in dvc.yaml: data, base, sft, eval@sft, ...")
     stage.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="param overrides, e.g. sft.lr=1e-4")
     stage.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+
+    repro = commands.add_parser(
+        "repro",
+        help="run a pipeline with dvc repro (its final stages and everything upstream)",
+        description="`dvc repro` of the pipeline's final stages: what is up to date is skipped.",
+    )
+    repro.add_argument("pipeline", choices=PIPELINES, help="pipeline name: " + ", ".join(PIPELINES))
 
     run = commands.add_parser(
         "run",
@@ -96,6 +108,12 @@ def _run_pipeline(args: argparse.Namespace) -> None:
     print(render(report))
 
 
+def _repro(args: argparse.Namespace) -> int:
+    from dvc.cli import main as dvc_main
+
+    return dvc_main(["repro", *PIPELINES[args.pipeline].targets])
+
+
 def _serve(args: argparse.Namespace) -> None:
     from flows.deployments import serve_pipelines
     from tasks.config import load_params
@@ -116,11 +134,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tasks.datasets import DatasetError
 
     try:
-        {"stage": _run_stage, "run": _run_pipeline, "serve": _serve, "report": _report}[args.command](args)
+        commands = {"stage": _run_stage, "repro": _repro, "run": _run_pipeline, "serve": _serve, "report": _report}
+        return commands[args.command](args) or 0
     except (ConfigError, DatasetError, ValueError) as error:
         print(f"alignflow: error: {error}", file=sys.stderr)
         return 2
-    return 0
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from tasks.config import Params
 
-# Runner settings shape how a run executes, not what it trains: they stay in params.yaml.
-_NOT_OVERRIDABLE = {"runner"}
+# Where work is placed (Ray addresses, resources) is the deployment's business, not a run's: it stays in params.yaml.
+_NOT_OVERRIDABLE = {"runner", "ppo.roles"}
 
 
 def _field(annotation: Any, f: dataclasses.Field) -> tuple[Any, Any]:
@@ -29,14 +29,14 @@ def _field(annotation: Any, f: dataclasses.Field) -> tuple[Any, Any]:
     return annotation | None, Field(None, description=checks.get("help"), **bounds)
 
 
-def _model(cls: type, name: str, description: str) -> type[BaseModel]:
+def _model(cls: type, name: str, description: str, prefix: str = "") -> type[BaseModel]:
     hints = typing.get_type_hints(cls)
     fields = {}
     for f in dataclasses.fields(cls):
-        if f.name in _NOT_OVERRIDABLE:
+        if f"{prefix}{f.name}" in _NOT_OVERRIDABLE:
             continue
         if dataclasses.is_dataclass(hints[f.name]):
-            sub = _model(hints[f.name], f"{name}{f.name.title()}", f.metadata["help"])
+            sub = _model(hints[f.name], f"{name}{f.name.title()}", f.metadata["help"], f"{prefix}{f.name}.")
             fields[f.name] = (sub | None, Field(None, description=f.metadata.get("help")))
         else:
             fields[f.name] = _field(hints[f.name], f)

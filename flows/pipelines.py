@@ -24,7 +24,6 @@ from flows.overrides import Overrides, to_dotlist
 from flows.report import collect, markdown_table, stage_metrics
 from flows.runner import (
     StageSpec,
-    connect_ray,
     execute,
     interrupt_run,
     is_up_to_date,
@@ -34,6 +33,7 @@ from flows.runner import (
     start_run,
 )
 from tasks.artifacts import atomic_output
+from tasks.cluster import connect_ray
 from tasks.config import RunnerConfig, load_params
 
 RUN_LOCK = Path(".alignflow") / "run.lock"
@@ -46,7 +46,10 @@ def run_stage(project: Path, stage: StageSpec, runner: RunnerConfig) -> dict[str
     ran = not is_up_to_date(project, stage.name)
     if ran:
         logger.info(f"running {stage.name}: {stage.cmd}")
-        execute(project, stage, runner, logger.info)
+        # A stage flags trouble (KL running away, reward hacking, ...) with lines starting "WARNING".
+        execute(
+            project, stage, runner, lambda line: (logger.warning if line.startswith("WARNING") else logger.info)(line)
+        )
         produced = record(project, stage.name)
     else:
         logger.info(f"{stage.name} is up to date: skipped")
@@ -111,4 +114,9 @@ def sft(overrides: Overrides | None = None) -> dict[str, dict[str, Any]]:
     return run_pipeline("sft", to_dotlist(overrides), Path.cwd())
 
 
-FLOWS: dict[str, Flow] = {"sft": sft}
+@flow(name="rlhf", description=PIPELINES["rlhf"].description, validate_parameters=True)
+def rlhf(overrides: Overrides | None = None) -> dict[str, dict[str, Any]]:
+    return run_pipeline("rlhf", to_dotlist(overrides), Path.cwd())
+
+
+FLOWS: dict[str, Flow] = {"sft": sft, "rlhf": rlhf}

@@ -94,20 +94,6 @@ def resources_for(stage: str, runner: RunnerConfig) -> StageResources:
     return runner.resources.get(kind, runner.resources["default"])
 
 
-def connect_ray(runner: RunnerConfig) -> None:
-    """Join the cluster at ``runner.ray_address`` or RAY_ADDRESS, else start a local Ray once per process."""
-    if ray.is_initialized():
-        return
-    address = runner.ray_address or os.environ.get("RAY_ADDRESS")
-    # Ray runs workers at nice 15 by default; stages must get the CPU share they get under `dvc repro`.
-    local = (
-        {}
-        if address
-        else {"num_cpus": os.cpu_count(), "include_dashboard": False, "_system_config": {"worker_niceness": 0}}
-    )
-    ray.init(address=address, log_to_driver=False, configure_logging=False, **local)
-
-
 def _prepare_stage_process(niceness: int) -> None:
     """Runs in the stage's process before it starts: die with the Ray worker (a cancelled run, Ctrl-C), and
     run at the flow's priority rather than the worker's (a cluster may run workers niced)."""

@@ -13,6 +13,9 @@ STAGE_KINDS: dict[str, tuple[str, bool]] = {
     "data": ("tasks.data", False),
     "base": ("tasks.base", False),
     "sft": ("tasks.sft", False),
+    "preferences": ("tasks.preferences", False),
+    "reward": ("tasks.reward", False),
+    "ppo": ("tasks.ppo", False),
     "eval": ("tasks.eval", True),
 }
 

@@ -106,6 +106,85 @@ class StageResources:
     memory_gb: float = param(0.0, "Memory Ray reserves for the stage, in GiB (0: no reservation).", ge=0)
 
 
+@dataclass
+class JudgeConfig:
+    """The hidden gold judge: a task-defined utility in [0, 1] (correctness first, then format, then concision)."""
+
+    label_noise: float = param(
+        0.53,
+        "Bradley-Terry noise of preference labels: P(a preferred) = sigmoid((u_a - u_b) / label_noise); "
+        "0 gives noise-free labels. The default makes training labels agree with the judge about 75% of the time.",
+        ge=0,
+    )
+
+
+@dataclass
+class PreferencesConfig:
+    num_prompts: int = param(4000, "Training prompts to sample responses for (from the training split).", ge=1)
+    samples_per_prompt: int = param(4, "Responses sampled per prompt (K); every pair of them is labelled.", ge=2)
+    temperature: float = param(1.0, "Sampling temperature of the SFT policy.", gt=0)
+    max_new_tokens: int = param(64, "Longest sampled response.", ge=1)
+    judge: JudgeConfig = section(JudgeConfig, "The gold judge that labels pairs.")
+    train_file: str | None = param(None, "Preference JSONL of your own to train the reward model on.")
+    test_file: str | None = param(None, "Preference JSONL of your own to evaluate the reward model on.")
+
+
+@dataclass
+class RewardConfig:
+    lr: float = param(1e-3, "Peak AdamW learning rate.", gt=0)
+    weight_decay: float = param(0.01, "AdamW decoupled weight decay.", ge=0)
+    warmup_steps: int = param(20, "Linear warm-up steps before cosine decay.", ge=0)
+    epochs: int = param(2, "Passes over the preference pairs.", ge=1)
+    batch_size: int = param(32, "Pairs per optimizer step.", ge=1)
+    grad_clip: float = param(1.0, "Clip the global gradient norm to this value.", gt=0)
+    ensemble_size: int = param(1, "Reward models trained from different seeds; PPO combines them.", ge=1)
+    log_every: int = param(20, "Log training metrics every N steps.", ge=1)
+
+
+def _default_roles() -> dict[str, StageResources]:
+    return {role: StageResources(num_cpus=0.5) for role in ("actor", "critic", "reference", "reward")}
+
+
+@dataclass
+class PPOConfig:
+    steps: int = param(150, "PPO iterations (roll out, score, update).", ge=1)
+    rollout_batch_size: int = param(128, "Prompts rolled out per iteration (one response each).", ge=1)
+    minibatch_size: int = param(64, "Responses per gradient step.", ge=1)
+    epochs: int = param(2, "Passes over each rollout batch (K).", ge=1)
+    actor_lr: float = param(1e-4, "Actor AdamW learning rate (constant after warm-up).", gt=0)
+    critic_lr: float = param(5e-4, "Critic AdamW learning rate (constant after warm-up).", gt=0)
+    warmup_steps: int = param(5, "Linear learning-rate warm-up, in iterations.", ge=0)
+    temperature: float = param(1.0, "Rollout sampling temperature.", gt=0)
+    max_new_tokens: int = param(64, "Longest rollout response.", ge=1)
+    gamma: float = param(1.0, "GAE discount.", ge=0, le=1)
+    lam: float = param(0.95, "GAE lambda.", ge=0, le=1)
+    clip_low: float = param(0.2, "Policy ratio clip below: 1 - clip_low.", gt=0, le=1)
+    clip_high: float = param(0.2, "Policy ratio clip above: 1 + clip_high (> clip_low is clip-higher).", gt=0)
+    value_clip: float = param(0.2, "Value-loss clip around the rollout's values.", gt=0)
+    entropy_coef: float = param(0.0, "Entropy bonus weight.", ge=0)
+    grad_clip: float = param(1.0, "Clip each model's gradient norm to this value.", gt=0)
+    kl_coef: float = param(0.05, "Initial KL penalty coefficient beta (per token, in the reward).", ge=0)
+    kl_target: float | None = param(4.0, "Adaptive KL: target KL per response in nats; null keeps kl_coef fixed.", gt=0)
+    kl_horizon: int = param(10000, "Adaptive KL horizon (Ziegler et al., 2019), in responses.", ge=1)
+    kl_budget: float = param(8.0, "Largest acceptable final KL per response; the run warns above it.", gt=0)
+    reward_normalize: bool = param(True, "Scale reward-model scores by their running mean and std.")
+    reward_clip: float | None = param(5.0, "Clip (normalised) scores to +-this; null: no clipping.", gt=0)
+    reward_ensemble: str = param("mean", "How the ensemble's scores combine: mean or min.", choices=("mean", "min"))
+    critic_init: str = param(
+        "reward", "Critic backbone and head from the reward model or the SFT model.", choices=("reward", "sft")
+    )
+    rollout_backend: str = param("hf", "Rollout engine: hf (transformers generate) or vllm.", choices=("hf", "vllm"))
+    colocate: bool = param(True, "Run the four roles in the stage's process; false gives each role its own Ray actor.")
+    roles: dict[str, StageResources] = field(
+        default_factory=_default_roles,
+        metadata={
+            "help": "Ray resources of each role's actor when colocate is false: actor, critic, reference, reward."
+        },
+    )
+    save_every: int = param(25, "Write a resumable checkpoint every N iterations.", ge=1)
+    entropy_floor: float = param(0.05, "Warn when mean token entropy falls below this (collapse).", ge=0)
+
+
 def _default_resources() -> dict[str, StageResources]:
     # A stage computes with torch's default thread count (the machine's cores): reserving fewer CPUs
     # would let Ray run stages side by side on the same cores, and oversubscribed threads run slower
@@ -141,6 +220,9 @@ class Params:
     base: BaseConfig = section(BaseConfig, "The base model: built-in tiny model or a model path.")
     sft: SFTConfig = section(SFTConfig, "Supervised fine-tuning on worked solutions.")
     eval: EvalConfig = section(EvalConfig, "Held-out evaluation.")
+    preferences: PreferencesConfig = section(PreferencesConfig, "Preference pairs sampled from SFT, judged.")
+    reward: RewardConfig = section(RewardConfig, "Bradley-Terry reward model on the preference pairs.")
+    ppo: PPOConfig = section(PPOConfig, "PPO against the reward model, KL-anchored to SFT.")
     runner: RunnerConfig = section(RunnerConfig, "Prefect and Ray: retries, resources, schedules.")
 
 

@@ -140,3 +140,17 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
     """−log σ(r_chosen − r_rejected), averaged over pairs."""
     return -torch.nn.functional.logsigmoid(chosen - rejected).mean()
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """1 − Var[R − V] / Var[R] over real tokens: 1 for a perfect critic, ≤ 0 for one no better than a constant."""
+    return 1 - masked_variance(returns - values, mask) / masked_variance(returns, mask).clamp(min=1e-8)
+
+
+def adaptive_kl_coef(coef: float, kl: float, target: float, horizon: int, num_responses: int) -> float:
+    """Proportional controller of the KL coefficient (Ziegler et al., 2019): β grows when KL is above target.
+
+    The relative error is clipped to ±0.2 so one noisy batch cannot swing β.
+    """
+    error = min(max(kl / target - 1.0, -0.2), 0.2)
+    return coef * (1.0 + error * num_responses / horizon)

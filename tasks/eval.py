@@ -1,4 +1,8 @@
-"""Stage `eval@<model>`: held-out greedy pass@1, sampled pass@k, format compliance and response length."""
+"""Stage `eval@<model>`: held-out greedy pass@1, sampled pass@k, format compliance and response length.
+
+``gold_reward`` is the gold judge's mean utility (``tasks/judge.py``, [0, 1]) of the sampled
+responses: the policy's expected reward as RLHF optimises it, measured by the judge it never saw.
+"""
 
 import json
 
@@ -9,6 +13,7 @@ from tasks.artifacts import DATA_DIR, atomic_output, model_dir, samples_dir
 from tasks.config import Params
 from tasks.core_algos import pass_at_k
 from tasks.datasets import read_examples
+from tasks.judge import gold_utility
 from tasks.problems import score_response
 from tasks.rollout import HFEngine, Sampling
 from tasks.tracking import stage_live
@@ -27,6 +32,7 @@ def run(params: Params, target: str) -> None:
     greedy = engine.generate(prompts, Sampling(cfg.max_new_tokens, greedy=True))
     sampled = engine.generate(prompts, Sampling(cfg.max_new_tokens, n=cfg.k, temperature=cfg.temperature))
     greedy_scores = torch.tensor([score_response(examples[c.prompt_index], c.text) for c in greedy])
+    gold = [gold_utility(examples[c.prompt_index], c.text) for c in sampled]
     sampled_correct = torch.tensor([score_response(examples[c.prompt_index], c.text)[1] for c in sampled])
     correct_per_prompt = sampled_correct.view(len(prompts), cfg.k).sum(-1)
 
@@ -34,6 +40,7 @@ def run(params: Params, target: str) -> None:
         "pass@1": greedy_scores[:, 1].float().mean().item(),
         "pass@k": pass_at_k(cfg.k, correct_per_prompt, cfg.k).mean().item(),
         "sample_accuracy": sampled_correct.float().mean().item(),
+        "gold_reward": sum(gold) / len(gold),
         "format_rate": greedy_scores[:, 0].float().mean().item(),
         "response_length": sum(len(c.token_ids) for c in greedy) / len(greedy),
     }

@@ -1,8 +1,10 @@
 """Rollout engines: turn prompts into sampled or greedy completions.
 
 Stages talk to the ``RolloutEngine`` protocol, so the backend is a param: Hugging
-Face ``generate`` here (the default for small models and CPUs); vLLM plugs in
-behind the same interface.
+Face ``generate`` (the default for small models and CPUs) or vLLM
+(``tasks/vllm_engine.py``). An engine reports the log-probability it sampled each
+token with, so a trainer can measure how far the engine's numbers drift from its own,
+and takes the trainer's weights in place after each policy update.
 """
 
 from dataclasses import dataclass
@@ -28,11 +30,16 @@ class Completion:
     prompt_index: int
     token_ids: list[int]  # the generated tokens, up to and including end-of-sequence
     text: str  # decoded without special tokens
+    logprobs: list[float]  # the engine's log-prob of each generated token (temperature applied)
 
 
 class RolloutEngine(Protocol):
     def generate(self, prompts: list[str], sampling: Sampling) -> list[Completion]:
         """Completions grouped by prompt: the n of prompt 0, then the n of prompt 1, ..."""
+        ...
+
+    def sync_weights(self, model: PreTrainedModel) -> None:
+        """Make the engine sample from ``model``'s current weights (in place, no reload from disk)."""
         ...
 
 
@@ -41,6 +48,10 @@ class HFEngine:
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int):
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+
+    def sync_weights(self, model: PreTrainedModel) -> None:
+        if model is not self.model:  # the trainer's own model needs nothing
+            self.model.load_state_dict(model.state_dict())
 
     @torch.no_grad()
     def generate(self, prompts: list[str], sampling: Sampling) -> list[Completion]:
@@ -53,7 +64,10 @@ class HFEngine:
             num_return_sequences=sampling.n,
             pad_token_id=self.tokenizer.pad_token_id,
             eos_token_id=self.tokenizer.eos_token_id,
+            return_dict_in_generate=True,
+            output_logits=True,
         )
+        temperature = 1.0 if sampling.greedy else sampling.temperature
         self.tokenizer.padding_side = "left"
         was_training = self.model.training
         self.model.eval()
@@ -63,11 +77,16 @@ class HFEngine:
             batch = self.tokenizer(prompts[start : start + self.batch_size], return_tensors="pt", padding=True)
             batch = batch.to(self.model.device)
             output = self.model.generate(**batch, generation_config=config)
-            generated = output[:, batch["input_ids"].shape[1] :].tolist()
-            for row, token_ids in enumerate(generated):
+            generated = output.sequences[:, batch["input_ids"].shape[1] :]
+            # (B, T, V) raw logits of each step -> log-prob of the token that step produced
+            logits = torch.stack(output.logits, dim=1).float() / temperature
+            logprobs = torch.log_softmax(logits, -1).gather(-1, generated.unsqueeze(-1)).squeeze(-1)
+            for row, (token_ids, token_logprobs) in enumerate(zip(generated.tolist(), logprobs.tolist(), strict=True)):
                 token_ids = _until_eos(token_ids, self.tokenizer.eos_token_id)
                 text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-                completions.append(Completion(start + row // sampling.n, token_ids, text))
+                completions.append(
+                    Completion(start + row // sampling.n, token_ids, text, token_logprobs[: len(token_ids)])
+                )
         self.model.train(was_training)
         return completions
 

@@ -17,8 +17,16 @@ from tasks.config import Params, SFTConfig, to_dict
 from tasks.core_algos import sft_loss
 from tasks.datasets import DatasetError, read_examples
 from tasks.problems import Example
-from tasks.tracking import stage_live
-from tasks.training import Checkpointer, adamw_with_cosine, fingerprint, make_deterministic, rng_state, set_rng_state
+from tasks.tracking import log_step, stage_live
+from tasks.training import (
+    Checkpointer,
+    adamw_with_cosine,
+    epoch_batch,
+    fingerprint,
+    make_deterministic,
+    rng_state,
+    set_rng_state,
+)
 
 
 class SFTBatches:
@@ -43,14 +51,9 @@ class SFTBatches:
         if len(self.sequences) < cfg.batch_size:
             raise DatasetError(f"{source}: {len(self.sequences)} examples, fewer than sft.batch_size={cfg.batch_size}")
         self.batch_size, self.seed, self.pad_id = cfg.batch_size, seed, tokenizer.pad_token_id
-        self.steps_per_epoch = len(self.sequences) // cfg.batch_size
 
     def __getitem__(self, step: int) -> dict[str, torch.Tensor]:
-        epoch, position = divmod(step, self.steps_per_epoch)
-        order = torch.randperm(
-            len(self.sequences), generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch)
-        )
-        chosen = [self.sequences[i] for i in order[position * self.batch_size : (position + 1) * self.batch_size]]
+        chosen = [self.sequences[i] for i in epoch_batch(len(self.sequences), self.batch_size, step, self.seed)]
         width = max(len(ids) for ids, _ in chosen)
         input_ids = torch.full((len(chosen), width), self.pad_id, dtype=torch.long)
         loss_mask = torch.zeros((len(chosen), width))
@@ -86,9 +89,7 @@ def train(params: Params, cfg: SFTConfig, stage: str, init_dir: Path, train_file
 
     with atomic_output(model_dir(stage)) as out, stage_live(stage) as live:
         for logged_step, metrics in history:
-            live.step = logged_step
-            for name, value in metrics.items():
-                live.log_metric(f"train/{name}", value)
+            log_step(live, logged_step, metrics)
         progress = tqdm(range(start_step, cfg.max_steps), desc=stage, initial=start_step, total=cfg.max_steps)
         for step in progress:
             batch = {name: tensor.to(device) for name, tensor in batches[step].items()}
@@ -110,9 +111,7 @@ def train(params: Params, cfg: SFTConfig, stage: str, init_dir: Path, train_file
                     "lr": scheduler.get_last_lr()[0],
                 }
                 history.append((done, metrics))
-                live.step = done
-                for name, value in metrics.items():
-                    live.log_metric(f"train/{name}", value)
+                log_step(live, done, metrics)
                 progress.set_postfix(loss=metrics["loss"])
                 interval = {"loss_sum": 0.0, "steps": 0}
             if done % cfg.save_every == 0 and done < cfg.max_steps:

@@ -19,3 +19,10 @@ def stage_live(stage: str) -> Iterator[Live]:
         live = Live(str(directory), dvcyaml=None, save_dvc_exp=False, report=None)
         yield live
         live.end()
+
+
+def log_step(live: Live, step: int, metrics: dict[str, float], prefix: str = "train/") -> None:
+    """Log one step's metrics as plot points (``prefix`` + name) at ``step``."""
+    live.step = step
+    for name, value in metrics.items():
+        live.log_metric(f"{prefix}{name}", value)

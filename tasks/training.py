@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import get_cosine_schedule_with_warmup
+from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
 from tasks.artifacts import CHECKPOINTS, atomic_output
 
@@ -25,16 +25,30 @@ def make_deterministic(seed: int) -> None:
 
 
 def adamw_with_cosine(
-    model: torch.nn.Module, lr: float, weight_decay: float, warmup_steps: int, total_steps: int
+    model: torch.nn.Module, lr: float, weight_decay: float, warmup_steps: int, total_steps: int | None
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW (no decay on biases and norms) with linear warm-up then cosine decay to zero."""
+    """AdamW (no decay on biases and norms) with linear warm-up, then cosine decay to zero over
+    ``total_steps``, or a constant rate when ``total_steps`` is None (RL, where the data never ends)."""
     decay, no_decay = [], []
     for parameter in model.parameters():
         if parameter.requires_grad:
             (decay if parameter.ndim >= 2 else no_decay).append(parameter)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     optimizer = torch.optim.AdamW(groups, lr=lr)
+    if total_steps is None:
+        return optimizer, get_constant_schedule_with_warmup(optimizer, warmup_steps)
     return optimizer, get_cosine_schedule_with_warmup(optimizer, warmup_steps, total_steps)
+
+
+def epoch_batch(num_items: int, batch_size: int, step: int, seed: int) -> list[int]:
+    """The item indices of batch ``step`` when items are served in a fresh seeded order every epoch.
+
+    A pure function of the step, so a resumed run continues at exactly the data position it stopped at.
+    """
+    steps_per_epoch = num_items // batch_size
+    epoch, position = divmod(step, steps_per_epoch)
+    order = torch.randperm(num_items, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+    return order[position * batch_size : (position + 1) * batch_size].tolist()
 
 
 def rng_state() -> dict[str, Any]:

@@ -9,6 +9,8 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
+from flows.catalog import PIPELINES
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -34,6 +36,16 @@ TINY = [
     "sft.log_every=10",
     "eval.k=2",
     "eval.max_new_tokens=48",
+    "preferences.num_prompts=64",
+    "preferences.max_new_tokens=48",
+    "reward.batch_size=8",
+    "reward.warmup_steps=2",
+    "reward.log_every=5",
+    "ppo.steps=4",
+    "ppo.rollout_batch_size=16",
+    "ppo.minibatch_size=8",
+    "ppo.max_new_tokens=48",
+    "ppo.save_every=2",
 ]
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 
@@ -60,6 +72,11 @@ def dvc(path: Path, *args: str) -> str:
     return result.stdout + result.stderr
 
 
+def repro(path: Path, pipeline: str = "sft") -> str:
+    """`dvc repro` of a pipeline's final stages (what `alignflow repro <pipeline>` runs)."""
+    return dvc(path, "repro", *PIPELINES[pipeline].targets)
+
+
 def lock_entries(project: Path) -> dict:
     """dvc.lock's record of every stage (cmd, deps, params, outs with their hashes), order aside."""
     return yaml.safe_load((project / "dvc.lock").read_text())["stages"]
@@ -73,7 +90,7 @@ def stages_run(output: str) -> set[str]:
 def uninterrupted(tmp_path_factory) -> dict:
     """The tiny pipeline run once by `dvc repro`, uninterrupted: the reference other runs must equal."""
     path = make_project(tmp_path_factory.mktemp("uninterrupted"))
-    output = dvc(path, "repro")
+    output = repro(path)
     return {
         "path": path,
         "output": output,

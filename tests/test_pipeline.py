@@ -13,7 +13,8 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import ENV, dvc, lock_entries, make_project, stages_run
+from flows.catalog import PIPELINES
+from tests.conftest import ENV, lock_entries, make_project, repro, stages_run
 
 pytestmark = pytest.mark.slow
 
@@ -39,14 +40,14 @@ def test_pipeline_runs_every_stage_and_reports_in_order(uninterrupted):
 
 def test_same_params_and_seed_give_identical_lock_hashes(uninterrupted, tmp_path):
     twin = make_project(tmp_path)
-    dvc(twin, "repro")
+    repro(twin)
     assert lock_entries(twin) == uninterrupted["lock"]
 
 
 def test_kill_during_sft_then_repro_resumes_to_identical_weights(uninterrupted, tmp_path):
     path = make_project(tmp_path)
     run = subprocess.Popen(
-        [sys.executable, "-m", "dvc", "repro"],
+        [sys.executable, "-m", "dvc", "repro", *PIPELINES["sft"].targets],
         cwd=path,
         env=ENV,
         start_new_session=True,
@@ -62,7 +63,7 @@ def test_kill_during_sft_then_repro_resumes_to_identical_weights(uninterrupted, 
     assert list(checkpoints.glob("*/latest.pt")), "no checkpoint was written before the deadline"
     assert not (path / "artifacts/sft").exists(), "a killed stage must leave no output"
 
-    output = dvc(path, "repro")
+    output = repro(path)
     assert "sft: resuming from the checkpoint at step" in output
     assert (path / "artifacts/sft/model.safetensors").read_bytes() == uninterrupted["weights"]
     assert lock_entries(path) == uninterrupted["lock"]
@@ -71,7 +72,7 @@ def test_kill_during_sft_then_repro_resumes_to_identical_weights(uninterrupted, 
 
 def test_second_repro_skips_every_stage(uninterrupted):
     start = time.monotonic()
-    output = dvc(uninterrupted["path"], "repro")
+    output = repro(uninterrupted["path"])
     print(f"no-op dvc repro took {time.monotonic() - start:.1f}s")
     assert stages_run(output) == set()
 
@@ -81,4 +82,4 @@ def test_changing_an_eval_param_reruns_only_eval(uninterrupted):
     params = OmegaConf.load(path / "params.yaml")
     params.eval.temperature = 0.7
     OmegaConf.save(params, path / "params.yaml")
-    assert stages_run(dvc(path, "repro")) == {"eval@base", "eval@sft"}
+    assert stages_run(repro(path)) == {"eval@base", "eval@sft"}

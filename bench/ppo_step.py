@@ -1,0 +1,61 @@
+"""PPO iteration time split by phase (generate / score / train), per rollout backend, side by side.
+
+Runs ``--steps`` PPO iterations on this project's ``artifacts/sft`` and ``artifacts/reward``
+(run `alignflow repro rlhf`, or the stages up to `reward`, first) for each backend
+available (hf always; vllm when installed), after one warm-up iteration, and prints the
+mean seconds per phase, each phase's share, and backend ratios.
+
+    .venv/bin/python bench/ppo_step.py [--steps N] [KEY=VALUE ...]   # optional param overrides
+"""
+
+import statistics
+import sys
+from importlib.util import find_spec
+
+from models import load_tokenizer
+from tasks.artifacts import DATA_DIR, model_dir
+from tasks.config import load_params
+from tasks.datasets import read_examples
+from tasks.ppo import RunningMoments, iterate
+from tasks.reward import member_dirs
+from tasks.training import epoch_batch, make_deterministic
+from tasks.workers import place
+
+PHASES = ("time/generate", "time/score", "time/train")
+
+
+def measure(backend: str, steps: int, overrides: list[str]) -> dict[str, float]:
+    params = load_params("params.yaml", [*overrides, f"ppo.rollout_backend={backend}"])
+    make_deterministic(params.seed)
+    examples, tokenizer = read_examples(DATA_DIR / "train.jsonl"), load_tokenizer(model_dir("sft"))
+    roles, moments = place(params, model_dir("sft"), member_dirs()), RunningMoments()
+    samples: dict[str, list[float]] = {phase: [] for phase in PHASES}
+    for step in range(steps + 1):
+        batch = [examples[i] for i in epoch_batch(len(examples), params.ppo.rollout_batch_size, step, params.seed)]
+        metrics = iterate(roles, batch, tokenizer, params.ppo, params.ppo.kl_coef, moments)
+        if step > 0:  # the first iteration warms caches and the engine up
+            for phase in PHASES:
+                samples[phase].append(metrics[phase])
+    return {phase: statistics.mean(values) for phase, values in samples.items()}
+
+
+def main(steps: int, overrides: list[str]) -> None:
+    backends = ["hf"] + (["vllm"] if find_spec("vllm") else [])
+    results = {backend: measure(backend, steps, overrides) for backend in backends}
+    print(f"PPO iteration, mean of {steps} after one warm-up, seconds per phase")
+    print(f"  {'backend':<8}" + "".join(f"{phase[5:]:>18}" for phase in PHASES) + f"{'total':>10}")
+    for backend, phases in results.items():
+        total = sum(phases.values())
+        cells = "".join(f"{seconds:8.3f} ({seconds / total:4.0%})   " for seconds in phases.values())
+        print(f"  {backend:<8}{cells}{total:8.3f}")
+    if "vllm" in results:
+        for phase in PHASES:
+            print(f"  vllm / hf {phase[5:]:<9} {results['vllm'][phase] / results['hf'][phase]:.2f}x")
+
+
+if __name__ == "__main__":
+    arguments = sys.argv[1:]
+    steps = 5
+    if arguments[:1] == ["--steps"]:
+        steps, arguments = int(arguments[1]), arguments[2:]
+    main(steps, arguments)

@@ -1,0 +1,70 @@
+"""Prompt + response token lists packed into one padded batch, the layout every role computes on.
+
+Prompts are left-padded to a common width P and responses right-padded to a common
+width T, so response token t of every row sits at column P + t and the logits that
+predict it at column P + t − 1. Position ids count real tokens only, which makes a
+row's numbers independent of how much padding its batch needed (and equal to what
+``generate`` computed for it).
+"""
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+
+@dataclass
+class PackedBatch:
+    input_ids: torch.Tensor  # (B, P + T)
+    attention_mask: torch.Tensor  # (B, P + T)
+    position_ids: torch.Tensor  # (B, P + T)
+    response_mask: torch.Tensor  # (B, T) float, 1.0 on real response tokens
+    prompt_width: int  # P
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "position_ids": self.position_ids}
+
+    def response_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """(B, T, ·): the outputs at the positions that predict (or value the state before) each response token."""
+        width = self.response_mask.shape[1]
+        return logits[:, self.prompt_width - 1 : self.prompt_width - 1 + width]
+
+    @property
+    def response_ids(self) -> torch.Tensor:
+        return self.input_ids[:, self.prompt_width :]
+
+    def to(self, device: torch.device) -> "PackedBatch":
+        moved = {name: getattr(self, name).to(device) for name in ("input_ids", "attention_mask", "position_ids")}
+        return PackedBatch(**moved, response_mask=self.response_mask.to(device), prompt_width=self.prompt_width)
+
+    def select(self, rows: torch.Tensor) -> "PackedBatch":
+        return PackedBatch(
+            self.input_ids[rows],
+            self.attention_mask[rows],
+            self.position_ids[rows],
+            self.response_mask[rows],
+            self.prompt_width,
+        )
+
+
+def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> PackedBatch:
+    prompt_width = max(len(p) for p in prompts)
+    response_width = max(1, max(len(r) for r in responses))
+    rows = len(prompts)
+    input_ids = torch.full((rows, prompt_width + response_width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    response_mask = torch.zeros((rows, response_width))
+    for row, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+        start = prompt_width - len(prompt)
+        input_ids[row, start : prompt_width + len(response)] = torch.tensor(prompt + response)
+        attention_mask[row, start : prompt_width + len(response)] = 1
+        response_mask[row, : len(response)] = 1.0
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return PackedBatch(input_ids, attention_mask, position_ids, response_mask, prompt_width)
+
+
+def pack_text(tokenizer: PreTrainedTokenizerBase, prompts: list[str], responses: list[str]) -> PackedBatch:
+    """Tokenise (prompt, response) texts as a finished response: the response ends with end-of-sequence."""
+    prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
+    response_ids = [tokenizer(r, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for r in responses]
+    return pack(prompt_ids, response_ids, tokenizer.pad_token_id)

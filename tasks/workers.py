@@ -1,0 +1,246 @@
+"""The four PPO roles, each a self-contained worker that runs in the stage's process or as a Ray actor.
+
+- actor: the policy being trained, with its rollout engine (HF or vLLM, synced in place after each update);
+- critic: per-token values, trained on the GAE returns;
+- reference: the frozen SFT policy, the KL anchor;
+- reward: the frozen reward model(s), scoring (prompt, response) texts; an ensemble is combined by mean or min.
+
+Workers exchange token tensors and texts, never models. ``place`` puts a role in this
+process (``ppo.colocate``) or on its own Ray actor with the resources ``ppo.roles`` gives it;
+the trainer calls both the same way and may run calls on different roles concurrently.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+from transformers import PreTrainedModel
+
+from models import load_critic, load_policy, load_reference, load_reward_model, load_tokenizer, resolve_device
+from tasks.config import Params, StageResources
+from tasks.core_algos import clipped_policy_loss, clipped_value_loss, entropy_from_logits, masked_mean, token_logprobs
+from tasks.reward import score_texts
+from tasks.rollout import Completion, HFEngine, RolloutEngine, Sampling
+from tasks.sequences import PackedBatch
+from tasks.training import adamw_with_cosine, make_deterministic, rng_state, set_rng_state
+
+
+def response_logprobs(
+    model: PreTrainedModel, batch: PackedBatch, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probs of the response tokens, their logits) under ``model`` at ``temperature``: (B, T), (B, T, V)."""
+    logits = batch.response_logits(model(**batch.model_inputs()).logits).float() / temperature
+    return token_logprobs(logits, batch.response_ids), logits
+
+
+def _minibatches(size: int, minibatch_size: int, epochs: int) -> list[torch.Tensor]:
+    """Row indices of every minibatch of ``epochs`` shuffled passes (torch's seeded generator)."""
+    return [rows for _ in range(epochs) for rows in torch.randperm(size).split(minibatch_size)]
+
+
+def _make_engine(params: Params, model: PreTrainedModel, tokenizer, model_dir: Path) -> RolloutEngine:
+    if params.ppo.rollout_backend == "vllm":
+        from tasks.vllm_engine import VLLMEngine  # vllm is optional: imported only when asked for
+
+        engine = VLLMEngine(model_dir, seed=params.seed, max_model_len=model.config.max_position_embeddings)
+        engine.sync_weights(model)
+        return engine
+    return HFEngine(model, tokenizer, params.eval.batch_size)
+
+
+class ActorWorker:
+    def __init__(self, params: Params, model_dir: Path):
+        cfg = self.cfg = params.ppo
+        make_deterministic(params.seed)
+        self.model = load_policy(model_dir, resolve_device(params.device))
+        self.model.train()
+        self.optimizer, self.scheduler = adamw_with_cosine(self.model, cfg.actor_lr, 0.0, cfg.warmup_steps, None)
+        self.engine = _make_engine(params, self.model, load_tokenizer(model_dir), model_dir)
+
+    def generate(self, prompts: list[str]) -> list[Completion]:
+        return self.engine.generate(prompts, Sampling(self.cfg.max_new_tokens, temperature=self.cfg.temperature))
+
+    @torch.no_grad()
+    def logprobs(self, batch: PackedBatch) -> torch.Tensor:
+        return response_logprobs(self.model, batch.to(self.model.device), self.cfg.temperature)[0].cpu()
+
+    def update(self, batch: PackedBatch, old_logprobs: torch.Tensor, advantages: torch.Tensor) -> dict[str, float]:
+        """K epochs of minibatch steps on the clipped surrogate (minus the entropy bonus), then an engine sync."""
+        cfg, device = self.cfg, self.model.device
+        totals = {"policy_loss": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "approx_kl": 0.0, "grad_norm": 0.0}
+        minibatches = _minibatches(len(old_logprobs), cfg.minibatch_size, cfg.epochs)
+        for rows in minibatches:
+            part = batch.select(rows).to(device)
+            mask, old = part.response_mask, old_logprobs[rows].to(device)
+            logprobs, logits = response_logprobs(self.model, part, cfg.temperature)
+            policy_loss, clip_fraction = clipped_policy_loss(
+                logprobs, old, advantages[rows].to(device), mask, cfg.clip_low, cfg.clip_high
+            )
+            entropy = masked_mean(entropy_from_logits(logits), mask)
+            self.optimizer.zero_grad(set_to_none=True)
+            (policy_loss - cfg.entropy_coef * entropy).backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            self.optimizer.step()
+            with torch.no_grad():
+                # k3 estimate of KL(π_old ‖ π_θ) on the sampled tokens: how far this update moved the policy
+                log_ratio = torch.where(mask.bool(), old - logprobs, 0)
+                approx_kl = masked_mean(torch.expm1(log_ratio) - log_ratio, mask)
+            for name, value in zip(totals, (policy_loss, clip_fraction, entropy, approx_kl, grad_norm), strict=True):
+                totals[name] += value.item() / len(minibatches)
+        self.scheduler.step()
+        self.engine.sync_weights(self.model)
+        return totals
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng_state(),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        self.engine.sync_weights(self.model)
+
+    def save(self, out: Path, tokenizer_dir: Path) -> None:
+        self.model.save_pretrained(out)
+        load_tokenizer(tokenizer_dir).save_pretrained(out)
+
+
+class CriticWorker:
+    def __init__(self, params: Params, model_dir: Path):
+        cfg = self.cfg = params.ppo
+        make_deterministic(params.seed + 1)
+        self.model = load_critic(model_dir, resolve_device(params.device))
+        self.model.train()
+        self.optimizer, self.scheduler = adamw_with_cosine(self.model, cfg.critic_lr, 0.0, cfg.warmup_steps, None)
+
+    def _values(self, batch: PackedBatch) -> torch.Tensor:
+        return batch.response_logits(self.model(**batch.model_inputs()).logits).squeeze(-1).float()
+
+    @torch.no_grad()
+    def values(self, batch: PackedBatch) -> torch.Tensor:
+        return self._values(batch.to(self.model.device)).cpu()
+
+    def update(self, batch: PackedBatch, old_values: torch.Tensor, returns: torch.Tensor) -> dict[str, float]:
+        cfg, device = self.cfg, self.model.device
+        minibatches = _minibatches(len(old_values), cfg.minibatch_size, cfg.epochs)
+        total = 0.0
+        for rows in minibatches:
+            part = batch.select(rows).to(device)
+            loss = clipped_value_loss(
+                self._values(part),
+                old_values[rows].to(device),
+                returns[rows].to(device),
+                part.response_mask,
+                cfg.value_clip,
+            )
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            self.optimizer.step()
+            total += loss.item() / len(minibatches)
+        self.scheduler.step()
+        return {"value_loss": total}
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng_state(),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+
+
+class ReferenceWorker:
+    def __init__(self, params: Params, model_dir: Path):
+        self.temperature = params.ppo.temperature
+        self.model = load_reference(model_dir, resolve_device(params.device))
+
+    @torch.no_grad()
+    def logprobs(self, batch: PackedBatch) -> torch.Tensor:
+        return response_logprobs(self.model, batch.to(self.model.device), self.temperature)[0].cpu()
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {name: tensor.cpu() for name, tensor in self.model.state_dict().items()}
+
+
+class RewardWorker:
+    def __init__(self, params: Params, member_dirs: list[Path]):
+        device = resolve_device(params.device)
+        self.members = [(load_reward_model(path, device), load_tokenizer(path)) for path in member_dirs]
+        self.combine, self.batch_size = params.ppo.reward_ensemble, params.eval.batch_size
+
+    def score(self, prompts: list[str], responses: list[str]) -> torch.Tensor:
+        scores = torch.stack(
+            [score_texts(model, tokenizer, prompts, responses, self.batch_size) for model, tokenizer in self.members]
+        )
+        return scores.mean(0) if self.combine == "mean" else scores.min(0).values
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {
+            f"{index}.{name}": tensor.cpu()
+            for index, (model, _) in enumerate(self.members)
+            for name, tensor in model.state_dict().items()
+        }
+
+
+class Pending:
+    """A call's result: already computed (colocated) or a Ray object to fetch."""
+
+    def __init__(self, value: Any, remote: bool):
+        self.value, self.remote = value, remote
+
+    def result(self) -> Any:
+        return ray.get(self.value) if self.remote else self.value
+
+
+class Worker:
+    """One role, in this process or on a Ray actor; ``call`` returns a Pending either way."""
+
+    def __init__(self, role: type, args: tuple, resources: StageResources | None):
+        if resources is None:
+            self.handle, self.remote = role(*args), False
+        else:
+            actor = ray.remote(role).options(
+                num_cpus=resources.num_cpus,
+                num_gpus=resources.num_gpus,
+                memory=int(resources.memory_gb * 2**30) or None,
+            )
+            self.handle, self.remote = actor.remote(*args), True
+
+    def call(self, method: str, *args: Any) -> Pending:
+        if self.remote:
+            return Pending(getattr(self.handle, method).remote(*args), remote=True)
+        return Pending(getattr(self.handle, method)(*args), remote=False)
+
+
+def place(params: Params, sft_dir: Path, reward_dirs: list[Path]) -> dict[str, Worker]:
+    """Start the four roles, colocated in this process or each on its own Ray actor."""
+    cfg = params.ppo
+    critic_dir = reward_dirs[0] if cfg.critic_init == "reward" else sft_dir
+    roles = {
+        "actor": (ActorWorker, (params, sft_dir)),
+        "critic": (CriticWorker, (params, critic_dir)),
+        "reference": (ReferenceWorker, (params, sft_dir)),
+        "reward": (RewardWorker, (params, reward_dirs)),
+    }
+    if not cfg.colocate:
+        from tasks.cluster import connect_ray
+
+        connect_ray(params.runner)
+    return {
+        name: Worker(role, args, None if cfg.colocate else cfg.roles.get(name, StageResources()))
+        for name, (role, args) in roles.items()
+    }

@@ -1,0 +1,115 @@
+"""The RLHF pipeline end to end on a tiny configuration: preference data -> reward model -> PPO -> eval."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+from models import load_tokenizer
+from tasks.artifacts import DATA_DIR, model_dir
+from tasks.config import load_params
+from tasks.datasets import read_examples, read_preferences
+from tasks.ppo import RunningMoments, iterate
+from tasks.reward import member_dirs
+from tasks.workers import place
+from tests.conftest import ENV, make_project, repro, stages_run
+
+pytestmark = pytest.mark.slow
+
+RLHF_STAGES = {"data", "base", "sft", "preferences", "reward", "ppo", "eval@base", "eval@sft", "eval@ppo"}
+
+
+@pytest.fixture(scope="module")
+def rlhf(tmp_path_factory) -> dict:
+    path = make_project(tmp_path_factory.mktemp("rlhf"))
+    output = repro(path, "rlhf")
+    return {"path": path, "output": output, "weights": (path / "artifacts/ppo/model.safetensors").read_bytes()}
+
+
+def _report(path) -> dict:
+    result = subprocess.run(["alignflow", "report", "--json"], cwd=path, env=ENV, capture_output=True, text=True)
+    return json.loads(result.stdout)
+
+
+def test_rlhf_pipeline_runs_every_stage_and_reports_reward_accuracy_and_gold_reward(rlhf):
+    path = rlhf["path"]
+    assert stages_run(rlhf["output"]) == RLHF_STAGES
+    report = _report(path)
+    assert list(report) == ["data", "base", "sft", "preferences", "reward", "ppo"]
+    assert 0.0 <= report["reward"]["accuracy"] <= 1.0
+    for model in ("sft", "ppo"):
+        assert 0.0 <= report[model]["gold_reward"] <= 1.0
+    ppo = report["ppo"]
+    for name in ("kl", "kl_budget", "train/clip_fraction", "train/explained_variance", "time/generate", "time/train"):
+        assert name in ppo
+    # The HF engine samples with the trainer's own numbers: parity is float32 round-off.
+    assert ppo["train/logprob_parity"] < 1e-4
+    # Every pair is valid preference JSONL and carries the judge's utilities.
+    pairs = read_preferences(path / "artifacts/preferences/train.jsonl")
+    assert pairs and all(pair.gold_prefers_chosen is not None for pair in pairs)
+    # Artifacts are Hugging Face directories: the reward model as a sequence scorer, the policy as a causal LM.
+    AutoModelForSequenceClassification.from_pretrained(path / "artifacts/reward/member-0")
+    AutoModelForCausalLM.from_pretrained(path / "artifacts/ppo")
+
+
+def _frozen_and_moved(path, overrides: list[str], monkeypatch) -> None:
+    monkeypatch.chdir(path)
+    params = load_params("params.yaml", overrides)
+    roles = place(params, model_dir("sft"), member_dirs())
+    reference = roles["reference"].call("weights").result()
+    reward = roles["reward"].call("weights").result()
+    actor = {name: t.clone() for name, t in roles["actor"].call("state").result()["model"].items()}
+    examples, tokenizer = read_examples(DATA_DIR / "train.jsonl")[:16], load_tokenizer(model_dir("sft"))
+    moments = RunningMoments()
+    for _ in range(3):  # the first update runs at the warm-up's zero learning rate
+        metrics = iterate(roles, examples, tokenizer, params.ppo, params.ppo.kl_coef, moments)
+    assert metrics["kl"] != 0.0, "after an update the actor must differ from the reference"
+    after_reference = roles["reference"].call("weights").result()
+    after_reward = roles["reward"].call("weights").result()
+    assert all(torch.equal(reference[name], after_reference[name]) for name in reference)
+    assert all(torch.equal(reward[name], after_reward[name]) for name in reward)
+    after_actor = roles["actor"].call("state").result()["model"]
+    assert any(not torch.equal(actor[name], after_actor[name]) for name in actor)
+
+
+def test_ppo_moves_the_actor_and_leaves_reference_and_reward_model_bit_identical(rlhf, monkeypatch):
+    _frozen_and_moved(rlhf["path"], [], monkeypatch)
+
+
+def test_ppo_roles_run_as_ray_actors_when_not_colocated(rlhf, monkeypatch):
+    import ray
+
+    try:
+        _frozen_and_moved(rlhf["path"], ["ppo.colocate=false"], monkeypatch)
+    finally:
+        ray.shutdown()
+
+
+def test_ppo_killed_mid_run_resumes_to_identical_weights(rlhf):
+    path = rlhf["path"]
+    checkpoints = path / ".alignflow/checkpoints/ppo"
+    run = subprocess.Popen(
+        ["alignflow", "stage", "ppo"],
+        cwd=path,
+        env=ENV,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 300
+    while not list(checkpoints.glob("*/latest.pt")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+    assert list(checkpoints.glob("*/latest.pt")), "no checkpoint was written before the deadline"
+
+    resumed = subprocess.run(["alignflow", "stage", "ppo"], cwd=path, env=ENV, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "ppo: resuming from the checkpoint at step 2" in resumed.stdout + resumed.stderr
+    assert (path / "artifacts/ppo/model.safetensors").read_bytes() == rlhf["weights"]
+    assert not checkpoints.exists()

@@ -1,0 +1,139 @@
+"""RLHF building blocks on a tiny random model: packing, engine log-probs, the gold judge, PPO helpers."""
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from models import build_char_tokenizer, build_tiny_llama, load_policy, load_tokenizer
+from tasks.config import BaseConfig, PPOConfig
+from tasks.core_algos import adaptive_kl_coef, explained_variance
+from tasks.judge import gold_utility, prefers_first
+from tasks.ppo import RunningMoments, alarms, prepare_scores
+from tasks.problems import Example
+from tasks.rollout import HFEngine, Sampling
+from tasks.sequences import pack, pack_text
+from tasks.workers import response_logprobs
+
+CPU = torch.device("cpu")
+EXAMPLE = Example("arithmetic", "12+30=", "42", "<think>2+0+0=2,1+3+0=4</think><answer>42</answer>")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    tokenizer = build_char_tokenizer()
+    build_tiny_llama(
+        BaseConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), tokenizer, 0
+    ).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_trainer_logprobs_of_a_rollout_equal_the_engines(model_dir):
+    """Left-padded prompts + right-padded responses, position ids over real tokens: the trainer's
+    log-probs of the sampled tokens are the ones generate sampled them with (the HF engine's parity)."""
+    torch.manual_seed(0)
+    model, tokenizer = load_policy(model_dir, CPU), load_tokenizer(model_dir)
+    prompts = ["1+2=", "123*4=", "98-7="]
+    completions = HFEngine(model, tokenizer, batch_size=8).generate(prompts, Sampling(12, n=2, temperature=0.7))
+    assert [c.prompt_index for c in completions] == [0, 0, 1, 1, 2, 2]
+    batch = pack(
+        [tokenizer(prompts[c.prompt_index])["input_ids"] for c in completions],
+        [c.token_ids for c in completions],
+        tokenizer.pad_token_id,
+    )
+    with torch.no_grad():
+        logprobs, _ = response_logprobs(model, batch, temperature=0.7)
+    for row, completion in enumerate(completions):
+        assert batch.response_ids[row, : len(completion.token_ids)].tolist() == completion.token_ids
+        assert batch.response_mask[row].sum() == len(completion.token_ids)
+        engine = torch.tensor(completion.logprobs)
+        assert torch.allclose(logprobs[row, : len(engine)], engine, atol=1e-4)
+
+
+def test_a_rows_numbers_do_not_depend_on_its_batchs_padding(model_dir):
+    model, tokenizer = load_policy(model_dir, CPU), load_tokenizer(model_dir)
+    alone = pack_text(tokenizer, ["1+2="], ["<think>x</think>"])
+    padded = pack_text(tokenizer, ["1+2=", "123456*7="], ["<think>x</think>", "<think>a much longer one</think>"])
+    with torch.no_grad():
+        first, _ = response_logprobs(model, alone, 1.0)
+        second, _ = response_logprobs(model, padded, 1.0)
+    width = int(alone.response_mask.sum())
+    assert torch.allclose(first[0, :width], second[0, :width], atol=1e-5)
+
+
+def test_gold_utility_orders_correct_then_formatted_then_concise():
+    correct = gold_utility(EXAMPLE, EXAMPLE.solution)
+    wrong = gold_utility(EXAMPLE, "<think>2+0+0=2,1+3+0=5</think><answer>52</answer>")
+    rambling_wrong = gold_utility(EXAMPLE, "<think>2+0+0=2,1+3+0=5,0+0+0=0,0+0+0=0,0+0+0=0</think><answer>52</answer>")
+    unformatted = gold_utility(EXAMPLE, "42")
+    assert correct == pytest.approx(1.0)
+    assert correct > wrong > rambling_wrong > unformatted >= 0.0
+    assert wrong == pytest.approx(0.3)  # formatted, as short as the worked solution
+
+
+@settings(max_examples=20, deadline=None)
+@given(difference=st.floats(0.05, 1.0), noise=st.floats(0.1, 1.0))
+def test_label_noise_follows_bradley_terry(difference, noise):
+    rng = random.Random(0)
+    agreement = sum(prefers_first(difference, 0.0, noise, rng) for _ in range(4000)) / 4000
+    assert agreement == pytest.approx(1 / (1 + torch.exp(torch.tensor(-difference / noise)).item()), abs=0.03)
+
+
+def test_zero_label_noise_is_the_judges_own_order():
+    rng = random.Random(0)
+    assert all(prefers_first(0.3, 0.29, 0.0, rng) for _ in range(100))
+    assert not any(prefers_first(0.29, 0.3, 0.0, rng) for _ in range(100))
+
+
+def test_running_moments_equal_the_moments_of_everything_seen():
+    values = torch.randn(300, dtype=torch.float64) * 3 + 2
+    moments = RunningMoments()
+    for chunk in values.split(37):
+        moments.update(chunk)
+    assert moments.mean == pytest.approx(values.mean().item())
+    assert moments.var == pytest.approx(values.var(unbiased=False).item())
+
+
+def test_scores_are_normalised_then_clipped():
+    cfg = PPOConfig(reward_normalize=True, reward_clip=1.0)
+    scores = prepare_scores(torch.tensor([0.0, 10.0, 20.0]), cfg, RunningMoments())
+    assert scores.tolist() == pytest.approx([-1.0, 0.0, 1.0])
+
+
+def test_adaptive_kl_coefficient_moves_toward_the_target_by_at_most_twenty_percent():
+    assert adaptive_kl_coef(0.1, kl=8.0, target=4.0, horizon=100, num_responses=100) == pytest.approx(0.12)
+    assert adaptive_kl_coef(0.1, kl=0.0, target=4.0, horizon=100, num_responses=100) == pytest.approx(0.08)
+    assert adaptive_kl_coef(0.1, kl=4.0, target=4.0, horizon=100, num_responses=100) == pytest.approx(0.1)
+    assert adaptive_kl_coef(0.1, kl=5.0, target=4.0, horizon=1000, num_responses=10) == pytest.approx(0.1002)
+
+
+def test_explained_variance_is_one_for_a_perfect_critic_and_zero_for_the_mean():
+    returns = torch.randn(4, 6)
+    mask = torch.ones(4, 6)
+    mask[0, 3:] = 0
+    assert explained_variance(returns, returns, mask).item() == pytest.approx(1.0)
+    mean = (returns * mask).sum() / mask.sum()
+    assert explained_variance(torch.full_like(returns, mean.item()), returns, mask).item() == pytest.approx(0, abs=1e-6)
+
+
+def _history(rm: list[float], gold: list[float], kl: float = 1.0, entropy: float = 1.0):
+    return [
+        (i, {"rm_reward": r, "gold_reward": g, "kl": kl, "entropy": entropy})
+        for i, (r, g) in enumerate(zip(rm, gold, strict=True))
+    ]
+
+
+def test_alarms_flag_kl_runaway_entropy_collapse_and_reward_hacking():
+    cfg = PPOConfig(kl_budget=8.0, entropy_floor=0.05)
+    steady = _history([0.5] * 20, [0.5] * 20)
+    assert alarms(steady, cfg) == []
+    assert "kl_budget" in alarms(_history([0.5], [0.5], kl=9.0), cfg)[0]
+    assert "entropy" in alarms(_history([0.5], [0.5], entropy=0.01), cfg)[0]
+    hacked = _history([0.1 * i for i in range(20)], [0.9 - 0.01 * i for i in range(20)])
+    assert any("reward hacking" in alarm for alarm in alarms(hacked, cfg))
+    improving = _history([0.1 * i for i in range(20)], [0.5 + 0.01 * i for i in range(20)])
+    assert alarms(improving, cfg) == []
