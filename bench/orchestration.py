@@ -1,7 +1,7 @@
 """Orchestration overhead: the default pipeline run three ways, side by side, in one go.
 
   direct   each stage's command in dependency order, nothing around it
-  dvc      `dvc repro`
+  dvc      `dvc repro` of the pipeline's final stages (`alignflow repro sft`)
   prefect  `alignflow run sft`: a Prefect flow, every stage on Ray, DVC recording the lock
 
 Each leg runs in its own fresh clone of this repo's HEAD, so every leg does the
@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from flows.catalog import PIPELINES
 from flows.local_server import local_prefect_server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,7 +45,6 @@ def timed(command: list[str], cwd: Path, env: dict) -> float:
 
 
 def stage_commands(project: Path) -> list[str]:
-    from flows.catalog import PIPELINES
     from flows.runner import read_dag
 
     return [stage.cmd for stage in read_dag(project, PIPELINES["sft"].targets)]
@@ -55,13 +55,14 @@ def main(rounds: int, overrides: list[str]) -> None:
     with tempfile.TemporaryDirectory() as scratch, local_prefect_server(Path(scratch) / "prefect", ENV) as prefect_env:
         scratch = Path(scratch)
         commands = stage_commands(clone(scratch / "dag", overrides))
+        targets = PIPELINES["sft"].targets
 
         def direct(project: Path) -> float:
             return sum(timed(["sh", "-c", command], project, ENV) for command in commands)
 
         legs = {
             "direct": direct,
-            "dvc": lambda project: timed([sys.executable, "-m", "dvc", "repro"], project, ENV),
+            "dvc": lambda project: timed([sys.executable, "-m", "dvc", "repro", *targets], project, ENV),
             "prefect": lambda project: timed(["alignflow", "run", "sft"], project, prefect_env),
         }
         order = list(legs)
