@@ -14,7 +14,7 @@ from importlib.util import find_spec
 
 from models import load_tokenizer
 from tasks.artifacts import DATA_DIR, model_dir
-from tasks.config import load_params
+from tasks.config import ConfigError, load_params
 from tasks.datasets import read_examples
 from tasks.ppo import RunningMoments, iterate
 from tasks.reward import member_dirs
@@ -40,7 +40,13 @@ def measure(backend: str, steps: int, overrides: list[str]) -> dict[str, float]:
 
 
 def main(steps: int, overrides: list[str]) -> None:
-    backends = ["hf"] + (["vllm"] if find_spec("vllm") else [])
+    backends = ["hf"]
+    if find_spec("vllm"):
+        try:
+            load_params("params.yaml", [*overrides, "ppo.rollout_backend=vllm"])
+            backends.append("vllm")
+        except ConfigError as error:
+            print(f"vllm skipped: {error}")
     results = {backend: measure(backend, steps, overrides) for backend in backends}
     print(f"PPO iteration, mean of {steps} after one warm-up, seconds per phase")
     print(f"  {'backend':<8}" + "".join(f"{phase[5:]:>18}" for phase in PHASES) + f"{'total':>10}")

@@ -271,9 +271,22 @@ def _cross_field_errors(params: Params) -> Iterator[str]:
             )
     elif not Path(base.model_path).is_dir():
         yield f"base.model_path: no model directory at {base.model_path!r}"
-    for key, path in (("data.train_file", params.data.train_file), ("data.test_file", params.data.test_file)):
+    user_files = {
+        "data.train_file": params.data.train_file,
+        "data.test_file": params.data.test_file,
+        "preferences.train_file": params.preferences.train_file,
+        "preferences.test_file": params.preferences.test_file,
+    }
+    for key, path in user_files.items():
         if path is not None and not Path(path).is_file():
             yield f"{key}: no file at {path!r}"
+    head_size = base.hidden_size // base.num_heads
+    vllm_on_cpu = params.ppo.rollout_backend == "vllm" and params.device != "cuda" and base.model_path is None
+    if vllm_on_cpu and not (head_size == 32 or (head_size >= 64 and head_size % 16 == 0)):
+        yield (
+            f"base.num_heads: ppo.rollout_backend=vllm on CPU needs a head size (base.hidden_size / base.num_heads) "
+            f"of 32, 64, 80, 96, ..., got {head_size}"
+        )
     if "default" not in params.runner.resources:
         yield "runner.resources: needs a 'default' entry"
     for pipeline, cron in params.runner.schedules.items():

@@ -26,6 +26,11 @@ MALFORMED_CONFIGS = [
     (["data.train_file=missing.jsonl"], "data.train_file: no file"),
     (["sft.max_steps"], "expected key=value"),
     (["colour=blue"], "colour: unknown key"),
+    (["ppo.rollout_backend=vllm", "device=cpu"], "base.num_heads: ppo.rollout_backend=vllm on CPU needs a head size"),
+    (["ppo.kl_target=0"], "ppo.kl_target: must be > 0"),
+    (["ppo.reward_ensemble=max"], "ppo.reward_ensemble: must be one of"),
+    (["preferences.samples_per_prompt=1"], "preferences.samples_per_prompt: must be >= 2"),
+    (["preferences.train_file=missing.jsonl"], "preferences.train_file: no file"),
 ]
 
 
@@ -99,6 +104,27 @@ def test_malformed_dataset_row_is_rejected_naming_file_and_line(project, capsys,
     assert main(["stage", "data", "data.train_file=bad.jsonl"]) == 2
     error = capsys.readouterr().err
     assert "bad.jsonl:3:" in error and message in error
+    assert _produced(project) == []
+
+
+GOOD_PAIR = {"prompt": "12+30=", "chosen": "<answer>42</answer>", "rejected": "<answer>41</answer>"}
+
+MALFORMED_PAIRS = [
+    ("{not json", "not valid JSON"),
+    (json.dumps({k: v for k, v in GOOD_PAIR.items() if k != "rejected"}), "missing key 'rejected'"),
+    (json.dumps({**GOOD_PAIR, "chosen": ""}), "'chosen' must be a non-empty string"),
+    (json.dumps({**GOOD_PAIR, "rejected": GOOD_PAIR["chosen"]}), "'chosen' and 'rejected' are the same response"),
+    (json.dumps({**GOOD_PAIR, "meta": {"gold_chosen": "high"}}), "'meta.gold_chosen' must be a number"),
+    (json.dumps({**GOOD_PAIR, "score": 1}), "unknown key(s) score"),
+]
+
+
+@pytest.mark.parametrize(("bad_row", "message"), MALFORMED_PAIRS, ids=lambda v: str(v)[:30])
+def test_malformed_preference_row_is_rejected_before_any_sampling(project, capsys, bad_row, message):
+    (project / "bad.jsonl").write_text("\n".join([json.dumps(GOOD_PAIR), bad_row]) + "\n")
+    assert main(["stage", "preferences", "preferences.train_file=bad.jsonl"]) == 2
+    error = capsys.readouterr().err
+    assert "bad.jsonl:2:" in error and message in error
     assert _produced(project) == []
 
 
