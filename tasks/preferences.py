@@ -61,18 +61,17 @@ def run(params: Params) -> None:
     }
     make_deterministic(params.seed)
     rng = random.Random(f"alignflow-preferences-{params.seed}")
-    splits = {}
-    if len(supplied) < 2:
-        engine = HFEngine(
-            load_policy(model_dir("sft"), resolve_device(params.device)),
-            load_tokenizer(model_dir("sft")),
-            params.eval.batch_size,
-        )
-    for split, examples in (
-        ("train", read_examples(DATA_DIR / "train.jsonl")[: cfg.num_prompts]),
-        ("test", read_examples(DATA_DIR / "test.jsonl")),
-    ):
-        splits[split] = supplied.get(split) or judged_pairs(engine, examples, cfg, rng)
+    prompts = {
+        "train": read_examples(DATA_DIR / "train.jsonl")[: cfg.num_prompts],
+        "test": read_examples(DATA_DIR / "test.jsonl"),
+    }
+    to_sample = [split for split in ("train", "test") if split not in supplied]
+    splits = dict(supplied)
+    if to_sample:
+        policy = load_policy(model_dir("sft"), resolve_device(params.device))
+        engine = HFEngine(policy, load_tokenizer(model_dir("sft")), params.eval.batch_size)
+        for split in to_sample:
+            splits[split] = judged_pairs(engine, prompts[split], cfg, rng)
 
     with atomic_output(PREFERENCES_DIR) as out, stage_live("preferences") as live:
         out.mkdir()

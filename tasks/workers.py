@@ -49,7 +49,29 @@ def _make_engine(params: Params, model: PreTrainedModel, tokenizer, model_dir: P
     return HFEngine(model, tokenizer, params.eval.batch_size)
 
 
-class ActorWorker:
+class _TrainedRole:
+    """A role with a model, an optimizer and a schedule: its resumable state."""
+
+    model: PreTrainedModel
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng_state(),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+
+
+class ActorWorker(_TrainedRole):
     def __init__(self, params: Params, model_dir: Path):
         cfg = self.cfg = params.ppo
         make_deterministic(params.seed)
@@ -92,19 +114,8 @@ class ActorWorker:
         self.engine.sync_weights(self.model)
         return totals
 
-    def state(self) -> dict[str, Any]:
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "rng": rng_state(),
-        }
-
     def load_state(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
+        super().load_state(state)
         self.engine.sync_weights(self.model)
 
     def save(self, out: Path, tokenizer_dir: Path) -> None:
@@ -112,7 +123,7 @@ class ActorWorker:
         load_tokenizer(tokenizer_dir).save_pretrained(out)
 
 
-class CriticWorker:
+class CriticWorker(_TrainedRole):
     def __init__(self, params: Params, model_dir: Path):
         cfg = self.cfg = params.ppo
         make_deterministic(params.seed + 1)
@@ -147,20 +158,6 @@ class CriticWorker:
             total += loss.item() / len(minibatches)
         self.scheduler.step()
         return {"value_loss": total}
-
-    def state(self) -> dict[str, Any]:
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "rng": rng_state(),
-        }
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
 
 
 class ReferenceWorker:

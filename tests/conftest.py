@@ -1,8 +1,10 @@
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -75,6 +77,31 @@ def dvc(path: Path, *args: str) -> str:
 def repro(path: Path, pipeline: str = "sft") -> str:
     """`dvc repro` of a pipeline's final stages (what `alignflow repro <pipeline>` runs)."""
     return dvc(path, "repro", *PIPELINES[pipeline].targets)
+
+
+def kill_at_first_checkpoint(command: list[str], cwd: Path, checkpoints: Path) -> None:
+    """Run ``command`` and SIGKILL its whole process group as soon as a checkpoint appears under ``checkpoints``."""
+    run = subprocess.Popen(
+        command, cwd=cwd, env=ENV, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 300
+    while not list(checkpoints.glob("*/latest.pt")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+    assert list(checkpoints.glob("*/latest.pt")), "no checkpoint was written before the deadline"
+
+
+def tiny_model(path: Path) -> Path:
+    """A tiny random Llama and the character tokenizer saved in HF format at ``path``."""
+    from models import build_char_tokenizer, build_tiny_llama
+    from tasks.config import BaseConfig
+
+    tokenizer = build_char_tokenizer()
+    config = BaseConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+    build_tiny_llama(config, tokenizer, 0).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
 
 
 def lock_entries(project: Path) -> dict:

@@ -17,19 +17,14 @@ from models import (
     load_tokenizer,
 )
 from tasks.config import BaseConfig
+from tests.conftest import tiny_model
 
 CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny")
-    tokenizer = build_char_tokenizer()
-    build_tiny_llama(
-        BaseConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), tokenizer, 0
-    ).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return tiny_model(tmp_path_factory.mktemp("tiny"))
 
 
 @settings(max_examples=100, deadline=None)

@@ -4,8 +4,6 @@ Each project is a fresh copy of the repo's tracked files with smaller params, as
 """
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from flows.catalog import PIPELINES
-from tests.conftest import ENV, lock_entries, make_project, repro, stages_run
+from tests.conftest import ENV, kill_at_first_checkpoint, lock_entries, make_project, repro, stages_run
 
 pytestmark = pytest.mark.slow
 
@@ -46,21 +44,8 @@ def test_same_params_and_seed_give_identical_lock_hashes(uninterrupted, tmp_path
 
 def test_kill_during_sft_then_repro_resumes_to_identical_weights(uninterrupted, tmp_path):
     path = make_project(tmp_path)
-    run = subprocess.Popen(
-        [sys.executable, "-m", "dvc", "repro", *PIPELINES["sft"].targets],
-        cwd=path,
-        env=ENV,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     checkpoints = path / ".alignflow/checkpoints/sft"
-    deadline = time.monotonic() + 300
-    while not list(checkpoints.glob("*/latest.pt")) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    os.killpg(run.pid, signal.SIGKILL)
-    run.wait()
-    assert list(checkpoints.glob("*/latest.pt")), "no checkpoint was written before the deadline"
+    kill_at_first_checkpoint([sys.executable, "-m", "dvc", "repro", *PIPELINES["sft"].targets], path, checkpoints)
     assert not (path / "artifacts/sft").exists(), "a killed stage must leave no output"
 
     output = repro(path)

@@ -1,10 +1,7 @@
 """The RLHF pipeline end to end on a tiny configuration: preference data -> reward model -> PPO -> eval."""
 
 import json
-import os
-import signal
 import subprocess
-import time
 
 import pytest
 import torch
@@ -17,7 +14,7 @@ from tasks.datasets import read_examples, read_preferences
 from tasks.ppo import RunningMoments, iterate
 from tasks.reward import member_dirs
 from tasks.workers import place
-from tests.conftest import ENV, make_project, repro, stages_run
+from tests.conftest import ENV, kill_at_first_checkpoint, make_project, repro, stages_run
 
 pytestmark = pytest.mark.slow
 
@@ -93,20 +90,7 @@ def test_ppo_roles_run_as_ray_actors_when_not_colocated(rlhf, monkeypatch):
 def test_ppo_killed_mid_run_resumes_to_identical_weights(rlhf):
     path = rlhf["path"]
     checkpoints = path / ".alignflow/checkpoints/ppo"
-    run = subprocess.Popen(
-        ["alignflow", "stage", "ppo"],
-        cwd=path,
-        env=ENV,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 300
-    while not list(checkpoints.glob("*/latest.pt")) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    os.killpg(run.pid, signal.SIGKILL)
-    run.wait()
-    assert list(checkpoints.glob("*/latest.pt")), "no checkpoint was written before the deadline"
+    kill_at_first_checkpoint(["alignflow", "stage", "ppo"], path, checkpoints)
 
     resumed = subprocess.run(["alignflow", "stage", "ppo"], cwd=path, env=ENV, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models import build_char_tokenizer, build_tiny_llama, load_policy, load_tokenizer
-from tasks.config import BaseConfig, PPOConfig
+from models import load_policy, load_tokenizer
+from tasks.config import PPOConfig
 from tasks.core_algos import adaptive_kl_coef, explained_variance
 from tasks.judge import gold_utility, prefers_first
 from tasks.ppo import RunningMoments, alarms, prepare_scores
@@ -16,6 +16,7 @@ from tasks.problems import Example
 from tasks.rollout import HFEngine, Sampling
 from tasks.sequences import pack, pack_text
 from tasks.workers import response_logprobs
+from tests.conftest import tiny_model
 
 CPU = torch.device("cpu")
 EXAMPLE = Example("arithmetic", "12+30=", "42", "<think>2+0+0=2,1+3+0=4</think><answer>42</answer>")
@@ -23,13 +24,7 @@ EXAMPLE = Example("arithmetic", "12+30=", "42", "<think>2+0+0=2,1+3+0=4</think><
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny")
-    tokenizer = build_char_tokenizer()
-    build_tiny_llama(
-        BaseConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), tokenizer, 0
-    ).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return tiny_model(tmp_path_factory.mktemp("tiny"))
 
 
 def test_trainer_logprobs_of_a_rollout_equal_the_engines(model_dir):
