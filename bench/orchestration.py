@@ -4,11 +4,21 @@
   dvc      `dvc repro` of the pipeline's final stages (`alignflow repro sft`)
   prefect  `alignflow run sft`: a Prefect flow, every stage on Ray, DVC recording the lock
 
-Each leg runs in its own fresh clone of this repo's HEAD, so every leg does the
-same work from nothing. A Prefect server is started first and not timed (it is
-infrastructure a deployment has running already); Ray start-up is timed. This
-machine's speed drifts (steal time), so legs run in rounds, each round in a
-rotated order, and the median per leg is compared.
+Each leg runs in its own fresh clone of this repo's HEAD, so every leg does the same work
+from nothing. A Prefect server is started first and not timed (a deployment has one running
+already); Ray start-up is timed.
+
+This machine's speed drifts with steal time by more than the effect measured, so two numbers
+are reported:
+
+- the end-to-end ratio of each leg to the direct one, from rounds that run the legs back to
+  back in rotated order (the median of the per-round ratios);
+- the overhead as it is spent: a watcher follows every leg's process tree and times each
+  stage process (``alignflow stage ...``) from its start to its exit. A leg's time outside its
+  stage processes is what the orchestrator adds in wall time (start-up, DVC status and commit,
+  Prefect and Ray calls), and the CPU time that every other process (the orchestrator, Ray's
+  daemons, the Prefect server) uses while a stage runs is what it takes from the stages' cores.
+  Both are measured within one leg, so drift between legs cannot move them.
 
     .venv/bin/python bench/orchestration.py [--rounds N] [KEY=VALUE ...]   # optional param overrides
 """
@@ -18,14 +28,104 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from flows.catalog import PIPELINES
 from flows.local_server import local_prefect_server
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+PIPELINE = "sft"
+FIELDS = ("wall", "stage_wall", "cpu_during_stages")
+POLL_SECONDS = 0.05
+
+
+@dataclass
+class Leg:
+    wall: float = 0.0
+    stage_wall: float = 0.0  # the sum of the stage processes' lifetimes
+    cpu_during_stages: float = 0.0  # CPU seconds the leg's other processes use while a stage runs
+
+    @property
+    def outside_stages(self) -> float:
+        return self.wall - self.stage_wall
+
+
+def _is_stage(process: psutil.Process) -> bool:
+    """Whether ``process`` runs a stage: ``alignflow stage <name>`` itself, not a shell around it."""
+    try:
+        cmdline = process.cmdline()
+    except psutil.Error:
+        return False
+    return len(cmdline) >= 3 and cmdline[-2] == "stage" and Path(cmdline[-3]).name == "alignflow"
+
+
+class _Watcher(threading.Thread):
+    """Polls a process tree: each stage process's lifetime, and the CPU time the other processes
+    use while a stage runs (their own time only: a shell's reaped children are stages)."""
+
+    def __init__(self, roots: list[psutil.Process], leg: Leg):
+        super().__init__(daemon=True)
+        self.roots, self.leg, self.done = roots, leg, threading.Event()
+        self.alive: dict[int, float] = {}  # stage pid -> when it was first seen
+        self.cpu: dict[int, float] = {}  # other pid -> its latest CPU seconds
+        self.counted = 0.0
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            self.poll()
+            time.sleep(POLL_SECONDS)
+        self.poll()
+        for start in self.alive.values():  # whatever still runs ends with the leg
+            self.leg.stage_wall += time.time() - start
+
+    def poll(self) -> None:
+        processes = []
+        for root in self.roots:
+            try:
+                processes += [root, *root.children(recursive=True)]
+            except psutil.Error:
+                pass
+        stage_was_running, seen, now = bool(self.alive), set(), time.time()
+        for process in processes:
+            seen.add(process.pid)
+            if process.pid in self.alive:
+                continue
+            if _is_stage(process):
+                self.alive[process.pid] = now  # first seen: the clock its end is read on
+                continue
+            try:
+                times = process.cpu_times()
+                self.cpu[process.pid] = times.user + times.system
+            except psutil.Error:
+                pass
+        for pid in [pid for pid in self.alive if pid not in seen]:
+            self.leg.stage_wall += now - self.alive.pop(pid)
+        total = sum(self.cpu.values())
+        if stage_was_running:
+            self.leg.cpu_during_stages += total - self.counted
+        self.counted = total
+
+
+def watched(commands: list[list[str]], cwd: Path, env: dict, server: psutil.Process) -> Leg:
+    """Run ``commands`` one after another, watching each one's process tree and the Prefect server's."""
+    leg = Leg()
+    start = time.perf_counter()
+    for command in commands:
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        watcher = _Watcher([psutil.Process(process.pid), server], leg)
+        watcher.start()
+        if process.wait() != 0:
+            raise RuntimeError(f"{' '.join(command)} failed in {cwd}")
+        watcher.done.set()
+        watcher.join()
+    leg.wall = time.perf_counter() - start
+    return leg
 
 
 def clone(destination: Path, overrides: list[str]) -> Path:
@@ -38,46 +138,60 @@ def clone(destination: Path, overrides: list[str]) -> Path:
     return destination
 
 
-def timed(command: list[str], cwd: Path, env: dict) -> float:
-    start = time.perf_counter()
-    subprocess.run(command, cwd=cwd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - start
-
-
-def stage_commands(project: Path) -> list[str]:
+def stage_commands(project: Path) -> list[list[str]]:
     from flows.runner import read_dag
 
-    return [stage.cmd for stage in read_dag(project, PIPELINES["sft"].targets)]
+    return [["sh", "-c", stage.cmd] for stage in read_dag(project, PIPELINES[PIPELINE].targets)]
 
 
 def main(rounds: int, overrides: list[str]) -> None:
-    times: dict[str, list[float]] = {"direct": [], "dvc": [], "prefect": []}
+    legs: dict[str, list[Leg]] = {"direct": [], "dvc": [], "prefect": []}
     with tempfile.TemporaryDirectory() as scratch, local_prefect_server(Path(scratch) / "prefect", ENV) as prefect_env:
         scratch = Path(scratch)
+        port = prefect_env["PREFECT_API_URL"].rsplit(":", 1)[1].split("/")[0]
+        (server,) = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and port in p.info["cmdline"]]
         commands = stage_commands(clone(scratch / "dag", overrides))
-        targets = PIPELINES["sft"].targets
-
-        def direct(project: Path) -> float:
-            return sum(timed(["sh", "-c", command], project, ENV) for command in commands)
-
-        legs = {
-            "direct": direct,
-            "dvc": lambda project: timed([sys.executable, "-m", "dvc", "repro", *targets], project, ENV),
-            "prefect": lambda project: timed(["alignflow", "run", "sft"], project, prefect_env),
+        targets = PIPELINES[PIPELINE].targets
+        how = {
+            "direct": (commands, ENV),
+            "dvc": ([[sys.executable, "-m", "dvc", "repro", *targets]], ENV),
+            "prefect": ([["alignflow", "run", PIPELINE]], prefect_env),
         }
-        order = list(legs)
+        order = list(how)
         for round_number in range(rounds):
-            for leg in order[round_number % 3 :] + order[: round_number % 3]:
-                seconds = legs[leg](clone(scratch / f"{leg}-{round_number}", overrides))
-                times[leg].append(seconds)
-                print(f"round {round_number + 1}: {leg:<8} {seconds:7.1f} s", flush=True)
-    medians = {leg: statistics.median(samples) for leg, samples in times.items()}
+            for name in order[round_number % 3 :] + order[: round_number % 3]:
+                leg_commands, env = how[name]
+                leg = watched(leg_commands, clone(scratch / f"{name}-{round_number}", overrides), env, server)
+                legs[name].append(leg)
+                print(f"round {round_number + 1}: {name:<8} {_describe(leg)}", flush=True)
+
     settings = f": {' '.join(overrides)}" if overrides else ""
-    print(f"default pipeline, {len(commands)} stages, median of {rounds} round(s){settings}")
-    for leg, seconds in medians.items():
-        print(f"  {leg:<8} {seconds:7.1f} s   {seconds / medians['direct']:.3f}x direct")
-    overhead = medians["prefect"] / medians["direct"] - 1
-    print(f"orchestration overhead of Prefect + Ray + DVC: {overhead:+.1%} (target: under +10%)")
+    print(f"\n{PIPELINE} pipeline, {len(commands)} stages, {rounds} round(s){settings}; medians:")
+    direct = legs["direct"]
+    for name, runs in legs.items():
+        ratio = statistics.median(run.wall / base.wall for run, base in zip(runs, direct, strict=True))
+        median = Leg(*(statistics.median(getattr(run, field) for run in runs) for field in FIELDS))
+        print(f"  {name:<8} {ratio:6.3f}x direct  {_describe(median)}")
+
+    prefect = legs["prefect"]
+    end_to_end = statistics.median(run.wall / d.wall for run, d in zip(prefect, direct, strict=True)) - 1
+    outside = statistics.median(r.outside_stages - d.outside_stages for r, d in zip(prefect, direct, strict=True))
+    # CPU that other processes use while a stage runs is CPU the stage's threads (one per core) lose.
+    taken = statistics.median(r.cpu_during_stages - d.cpu_during_stages for r, d in zip(prefect, direct, strict=True))
+    stages = statistics.median(d.stage_wall for d in direct)
+    print("\norchestration overhead of Prefect + Ray + DVC over the direct run (target: under +10%):")
+    print(f"  end to end, median of the per-round ratios: {end_to_end:+.1%}")
+    print(
+        f"  as spent: {outside:.1f} s outside the stages + {taken:.1f} s of CPU taken from them, "
+        f"over {stages:.1f} s of stages: {(outside + taken) / stages:+.1%}"
+    )
+
+
+def _describe(leg: Leg) -> str:
+    return (
+        f"{leg.wall:6.1f} s: stages {leg.stage_wall:6.1f} s, outside them {leg.outside_stages:5.1f} s, "
+        f"other processes' CPU while stages run {leg.cpu_during_stages:4.1f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The ``alignflow`` command line."""
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -94,11 +95,20 @@ def _run_stage(args: argparse.Namespace) -> None:
 
 
 def _run_pipeline(args: argparse.Namespace) -> None:
+    import threading
+
     from omegaconf import OmegaConf
 
+    from tasks.cluster import connect_ray
     from tasks.config import load_params
 
-    load_params("params.yaml", args.overrides)  # the same messages as `alignflow stage`, before Prefect starts
+    params = load_params("params.yaml", args.overrides)  # the same messages as `alignflow stage`, before Prefect starts
+    # Ray's start-up mostly waits on its daemons, Prefect's import mostly computes: overlap the two.
+    # (ray.init must run on the main thread, so the imports go to a helper thread.)
+    importer = threading.Thread(target=importlib.import_module, args=("flows.pipelines",))
+    importer.start()
+    connect_ray(params.runner)
+    importer.join()
     from flows.overrides import Overrides
     from flows.pipelines import FLOWS
     from flows.report import render

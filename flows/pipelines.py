@@ -17,12 +17,13 @@ from dvc.utils.hydra import apply_overrides
 from filelock import FileLock
 from prefect import Flow, flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
-from prefect.futures import PrefectFuture
+from prefect.futures import PrefectFuture, wait
 
 from flows.catalog import PIPELINES
 from flows.overrides import Overrides, to_dotlist
 from flows.report import collect, markdown_table, stage_metrics
 from flows.runner import (
+    CANCEL_SECONDS,
     StageSpec,
     execute,
     interrupt_run,
@@ -33,7 +34,7 @@ from flows.runner import (
     start_run,
 )
 from tasks.artifacts import atomic_output
-from tasks.cluster import connect_ray
+from tasks.cluster import connect_ray, release_ray
 from tasks.config import RunnerConfig, load_params
 
 RUN_LOCK = Path(".alignflow") / "run.lock"
@@ -101,7 +102,10 @@ def run_pipeline(name: str, overrides: list[str], project: Path) -> dict[str, di
                 future.result()
         except BaseException:
             interrupt_run()
+            wait(list(futures.values()), timeout=CANCEL_SECONDS)  # the stages stop their Ray work
             raise
+        finally:
+            release_ray()
         report = collect(project)
     create_markdown_artifact(
         key=f"{name.replace('_', '-')}-report", markdown=markdown_table(report), description=f"{name} pipeline report"

@@ -36,6 +36,7 @@ _DVC = threading.Lock()
 _INTERRUPTED = threading.Event()
 _PR_SET_PDEATHSIG = 1
 _CANCEL_GRACE_SECONDS = 10
+CANCEL_SECONDS = _CANCEL_GRACE_SECONDS + 20  # how long an interrupted stage can take to stop, at most
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,8 @@ def _execute(cmd: str, cwd: str, env: dict[str, str], log_path: str, niceness: i
             preexec_fn=functools.partial(_prepare_stage_process, niceness),
         )
         try:
-            # Poll rather than block in wait(): Ray's cancel interrupts the task between polls.
+            # Poll rather than block in wait(): Ray's cancel interrupts the task between polls
+            # (and wait(timeout) itself polls every few milliseconds, which costs the stage CPU).
             while process.poll() is None:
                 time.sleep(0.2)
             return process.returncode
