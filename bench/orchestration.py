@@ -1,12 +1,15 @@
-"""Orchestration overhead: the default pipeline run three ways, side by side, in one go.
+"""Orchestration overhead: the default pipeline run four ways, side by side, in one go.
 
-  direct   each stage's command in dependency order, nothing around it
-  dvc      `dvc repro` of the pipeline's final stages (`alignflow repro sft`)
-  prefect  `alignflow run sft`: a Prefect flow, every stage on Ray, DVC recording the lock
+  direct       each stage's command in dependency order, nothing around it
+  dvc          `dvc repro` of the pipeline's final stages (`alignflow repro sft`)
+  prefect      `alignflow run sft` joining a running Ray cluster: a Prefect flow, every stage on
+               Ray, DVC recording the lock; what a run triggered through `alignflow serve` does
+  prefect+ray  `alignflow run sft` starting a local Ray of its own, and stopping it
 
 Each leg runs in its own fresh clone of this repo's HEAD, so every leg does the same work
-from nothing. A Prefect server is started first and not timed (a deployment has one running
-already); Ray start-up is timed.
+from nothing. The infrastructure a deployment has running already, a Prefect server and a Ray
+cluster (`ray start --head`, configured as alignflow configures a local Ray), is started first
+and not timed; it idles through every leg.
 
 This machine's speed drifts with steal time by more than the effect measured, so two numbers
 are reported:
@@ -23,13 +26,17 @@ are reported:
     .venv/bin/python bench/orchestration.py [--rounds N] [KEY=VALUE ...]   # optional param overrides
 """
 
+import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +44,7 @@ import psutil
 
 from flows.catalog import PIPELINES
 from flows.local_server import local_prefect_server
+from tasks.cluster import LOCAL_RAY
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
@@ -112,13 +120,14 @@ class _Watcher(threading.Thread):
         self.counted = total
 
 
-def watched(commands: list[list[str]], cwd: Path, env: dict, server: psutil.Process) -> Leg:
-    """Run ``commands`` one after another, watching each one's process tree and the Prefect server's."""
+def watched(commands: list[list[str]], cwd: Path, env: dict, infrastructure: list[psutil.Process]) -> Leg:
+    """Run ``commands`` one after another, watching each one's process tree and the infrastructure's (the Prefect
+    server, the Ray cluster): a stage may run in either, and both may take CPU from it."""
     leg = Leg()
     start = time.perf_counter()
     for command in commands:
         process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        watcher = _Watcher([psutil.Process(process.pid), server], leg)
+        watcher = _Watcher([psutil.Process(process.pid), *infrastructure], leg)
         watcher.start()
         if process.wait() != 0:
             raise RuntimeError(f"{' '.join(command)} failed in {cwd}")
@@ -144,26 +153,52 @@ def stage_commands(project: Path) -> list[list[str]]:
     return [["sh", "-c", stage.cmd] for stage in read_dag(project, PIPELINES[PIPELINE].targets)]
 
 
+@contextmanager
+def ray_cluster(env: dict) -> Iterator[tuple[str, list[psutil.Process]]]:
+    """A local Ray head (``ray start``), configured as alignflow configures a local Ray; yields its address and
+    its daemons. ``ray stop`` at the end stops every Ray started with ``ray start`` on this machine."""
+    before = {p.pid for p in psutil.process_iter()}
+    ray = str(Path(sys.executable).parent / "ray")
+    started = subprocess.run(
+        [ray, "start", "--head", f"--num-cpus={os.cpu_count()}", "--include-dashboard=false", "--disable-usage-stats",
+         f"--system-config={json.dumps(LOCAL_RAY)}"],
+        env=env, check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    address = re.search(r"ray start --address='([^']+)'", started.stdout).group(1)
+    try:
+        yield address, [p for p in psutil.process_iter() if p.pid not in before and p.pid != os.getpid()]
+    finally:
+        subprocess.run([ray, "stop"], env=env, check=False, capture_output=True)
+
+
 def main(rounds: int, overrides: list[str]) -> None:
-    legs: dict[str, list[Leg]] = {"direct": [], "dvc": [], "prefect": []}
-    with tempfile.TemporaryDirectory() as scratch, local_prefect_server(Path(scratch) / "prefect", ENV) as prefect_env:
+    with (
+        tempfile.TemporaryDirectory() as scratch,
+        local_prefect_server(Path(scratch) / "prefect", ENV) as prefect_env,
+        ray_cluster(ENV) as (ray_address, ray_daemons),
+    ):
         scratch = Path(scratch)
         port = prefect_env["PREFECT_API_URL"].rsplit(":", 1)[1].split("/")[0]
         (server,) = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and port in p.info["cmdline"]]
+        infrastructure = [server, *ray_daemons]
         commands = stage_commands(clone(scratch / "dag", overrides))
         targets = PIPELINES[PIPELINE].targets
         how = {
             "direct": (commands, ENV),
             "dvc": ([[sys.executable, "-m", "dvc", "repro", *targets]], ENV),
-            "prefect": ([["alignflow", "run", PIPELINE]], prefect_env),
+            "prefect": ([["alignflow", "run", PIPELINE]], {**prefect_env, "RAY_ADDRESS": ray_address}),
+            "prefect+ray": ([["alignflow", "run", PIPELINE]], prefect_env),
         }
+        legs: dict[str, list[Leg]] = {name: [] for name in how}
         order = list(how)
         for round_number in range(rounds):
-            for name in order[round_number % 3 :] + order[: round_number % 3]:
+            shift = round_number % len(order)
+            for name in order[shift:] + order[:shift]:
                 leg_commands, env = how[name]
-                leg = watched(leg_commands, clone(scratch / f"{name}-{round_number}", overrides), env, server)
+                project = clone(scratch / f"{name}-{round_number}", overrides)
+                leg = watched(leg_commands, project, env, infrastructure)
                 legs[name].append(leg)
-                print(f"round {round_number + 1}: {name:<8} {_describe(leg)}", flush=True)
+                print(f"round {round_number + 1}: {name:<11} {_describe(leg)}", flush=True)
 
     settings = f": {' '.join(overrides)}" if overrides else ""
     print(f"\n{PIPELINE} pipeline, {len(commands)} stages, {rounds} round(s){settings}; medians:")
@@ -171,20 +206,25 @@ def main(rounds: int, overrides: list[str]) -> None:
     for name, runs in legs.items():
         ratio = statistics.median(run.wall / base.wall for run, base in zip(runs, direct, strict=True))
         median = Leg(*(statistics.median(getattr(run, field) for run in runs) for field in FIELDS))
-        print(f"  {name:<8} {ratio:6.3f}x direct  {_describe(median)}")
+        print(f"  {name:<11} {ratio:6.3f}x direct  {_describe(median)}")
 
-    prefect = legs["prefect"]
-    end_to_end = statistics.median(run.wall / d.wall for run, d in zip(prefect, direct, strict=True)) - 1
-    outside = statistics.median(r.outside_stages - d.outside_stages for r, d in zip(prefect, direct, strict=True))
-    # CPU that other processes use while a stage runs is CPU the stage's threads (one per core) lose.
-    taken = statistics.median(r.cpu_during_stages - d.cpu_during_stages for r, d in zip(prefect, direct, strict=True))
     stages = statistics.median(d.stage_wall for d in direct)
-    print("\norchestration overhead of Prefect + Ray + DVC over the direct run (target: under +10%):")
-    print(f"  end to end, median of the per-round ratios: {end_to_end:+.1%}")
-    print(
-        f"  as spent: {outside:.1f} s outside the stages + {taken:.1f} s of CPU taken from them, "
-        f"over {stages:.1f} s of stages: {(outside + taken) / stages:+.1%}"
-    )
+    print("\norchestration overhead over the direct run (target: Prefect + Ray + DVC under +10%):")
+    for name, what in (
+        ("prefect", "a Prefect server and a Ray cluster running, as `alignflow serve` has them"),
+        ("prefect+ray", "`alignflow run` starting and stopping a local Ray of its own"),
+    ):
+        runs = legs[name]
+        end_to_end = statistics.median(run.wall / d.wall for run, d in zip(runs, direct, strict=True)) - 1
+        outside = statistics.median(r.outside_stages - d.outside_stages for r, d in zip(runs, direct, strict=True))
+        # CPU that other processes use while a stage runs is CPU the stage's threads (one per core) lose.
+        taken = statistics.median(r.cpu_during_stages - d.cpu_during_stages for r, d in zip(runs, direct, strict=True))
+        print(f"  {name} ({what}):")
+        print(f"    end to end, median of the per-round ratios: {end_to_end:+.1%}")
+        print(
+            f"    as spent: {outside:.1f} s outside the stages + {taken:.1f} s of CPU taken from them, "
+            f"over {stages:.1f} s of stages: {(outside + taken) / stages:+.1%}"
+        )
 
 
 def _describe(leg: Leg) -> str:

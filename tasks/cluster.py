@@ -20,15 +20,25 @@ LOCAL_RAY = {
 }
 
 
-def connect_ray(runner: RunnerConfig) -> None:
-    """Join the cluster at ``runner.ray_address`` or RAY_ADDRESS, else start a local Ray once per process."""
+def connect_ray(runner: RunnerConfig) -> str:
+    """Join the cluster at ``runner.ray_address`` or RAY_ADDRESS, else start a local Ray once per process;
+    return the cluster's address."""
     if _shutting_down is not None:
         _shutting_down.join()
-    if ray.is_initialized():
-        return
-    address = runner.ray_address or os.environ.get("RAY_ADDRESS")
-    local = {} if address else {"num_cpus": os.cpu_count(), "include_dashboard": False, "_system_config": LOCAL_RAY}
-    ray.init(address=address, log_to_driver=False, configure_logging=False, **local)
+    if not ray.is_initialized():
+        address = runner.ray_address or os.environ.get("RAY_ADDRESS")
+        if address:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+        else:  # "local": our own Ray, even when a `ray start` cluster runs here (ray.init() would join that)
+            ray.init(
+                address="local",
+                num_cpus=os.cpu_count(),
+                include_dashboard=False,
+                _system_config=LOCAL_RAY,
+                log_to_driver=False,
+                configure_logging=False,
+            )
+    return ray.get_runtime_context().gcs_address
 
 
 def release_ray() -> None:
