@@ -16,9 +16,10 @@ from models import load_tokenizer
 from tasks.artifacts import DATA_DIR, model_dir
 from tasks.config import ConfigError, load_params
 from tasks.datasets import read_examples
-from tasks.ppo import RunningMoments, iterate
 from tasks.reward import member_dirs
-from tasks.training import epoch_batch, make_deterministic
+from tasks.rewards import RewardScorer
+from tasks.rl import LoopState, collect, learn, needed_roles
+from tasks.training import make_deterministic
 from tasks.workers import place
 
 PHASES = ("time/generate", "time/score", "time/train")
@@ -27,15 +28,17 @@ PHASES = ("time/generate", "time/score", "time/train")
 def measure(backend: str, steps: int, overrides: list[str]) -> dict[str, float]:
     params = load_params("params.yaml", [*overrides, f"ppo.rollout_backend={backend}"])
     make_deterministic(params.seed)
-    examples, tokenizer = read_examples(DATA_DIR / "train.jsonl"), load_tokenizer(model_dir("sft"))
-    roles, moments = place(params, model_dir("sft"), member_dirs()), RunningMoments()
+    cfg, examples, tokenizer = params.ppo, read_examples(DATA_DIR / "train.jsonl"), load_tokenizer(model_dir("sft"))
+    roles = place(params, cfg, model_dir("sft"), member_dirs(), needed_roles(cfg))
+    state, scorer = LoopState(kl_coef=cfg.kl_coef), RewardScorer(cfg.rewards, cfg.reward_timeout_seconds)
     samples: dict[str, list[float]] = {phase: [] for phase in PHASES}
     for step in range(steps + 1):
-        batch = [examples[i] for i in epoch_batch(len(examples), params.ppo.rollout_batch_size, step, params.seed)]
-        metrics = iterate(roles, batch, tokenizer, params.ppo, params.ppo.kl_coef, moments)
+        clock = dict.fromkeys(PHASES, 0.0)
+        rollout, _ = collect(roles, scorer, examples, cfg, state, params.seed, clock)
+        learn(roles, rollout, tokenizer, cfg, state, clock)
         if step > 0:  # the first iteration warms caches and the engine up
             for phase in PHASES:
-                samples[phase].append(metrics[phase])
+                samples[phase].append(clock[phase])
     return {phase: statistics.mean(values) for phase, values in samples.items()}
 
 

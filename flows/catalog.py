@@ -6,7 +6,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Pipeline:
     description: str
-    targets: tuple[str, ...]  # the final stages; a run covers them and everything upstream
+    targets: tuple[str, ...]  # the final stages (or foreach groups); a run covers them and everything upstream
 
 
 PIPELINES: dict[str, Pipeline] = {
@@ -18,5 +18,16 @@ PIPELINES: dict[str, Pipeline] = {
         "RLHF (InstructGPT): data -> base -> sft -> preference pairs judged -> Bradley-Terry reward model "
         "-> PPO, with held-out evaluation of base, sft and ppo.",
         ("eval@base", "eval@sft", "eval@ppo"),
+    ),
+    "r1": Pipeline(
+        "DeepSeek-R1: data -> base -> cold-start SFT -> GRPO with verifiable rewards -> per round (params "
+        "`rounds`): rejection sampling -> SFT on the accepted samples -> final RL with mixed rewards (rule-based "
+        "and the RLHF reward model), with held-out evaluation of every model.",
+        ("eval@base", "eval@sft", "eval@sft_cold", "eval@grpo", "eval_sft_rs", "eval_grpo_final"),
+    ),
+    "r1_zero": Pipeline(
+        "DeepSeek-R1-Zero: data -> base -> GRPO with verifiable rewards straight from the base model, with "
+        "held-out evaluation of base and grpo_zero.",
+        ("eval@base", "eval@grpo_zero"),
     ),
 }

@@ -17,20 +17,27 @@ The pipelines are declared in dvc.yaml (stages, inputs, outputs) and params.yaml
 final stages; `dvc repro` alone runs them all): only stages whose inputs or params
 changed run again. Each stage is also a command of its own.
 
-Pipelines: sft (the default), rlhf. Stages:
-  data         generate seeded train/held-out problem splits (or read your JSONL)
-  base         build the tiny built-in model, or load base.model_path
-  sft          supervised fine-tuning on worked solutions (resumes after a crash)
-  preferences  sample K responses per prompt from sft, label pairs with the noisy gold judge
-  reward       Bradley-Terry reward model(s) on the pairs; held-out pairwise accuracy
-  ppo          PPO: actor, critic, reference, reward roles; KL-shaped rewards, GAE (resumes)
-  eval@MODEL   held-out pass@1, pass@k, gold reward, format rate, response length of MODEL
+Pipelines: sft (the default), rlhf, r1, r1_zero. Stages:
+  data               generate seeded train/held-out problem splits (or read your JSONL)
+  base               build the tiny built-in model, or load base.model_path
+  sft                supervised fine-tuning on worked solutions (resumes after a crash)
+  preferences        sample K responses per prompt from sft, label pairs with the noisy gold judge
+  reward             Bradley-Terry reward model(s) on the pairs; held-out pairwise accuracy
+  ppo                PPO: actor, critic, reference, reward roles; KL-shaped rewards, GAE (resumes)
+  sft_cold           R1 cold start: SFT on a small set of worked solutions
+  grpo               R1 reasoning RL: GRPO-family RL with verifiable rewards (resumes)
+  grpo_zero          R1-Zero: the same RL straight from the base model
+  rejection@ROUND    R1 rejection sampling from the round's policy, verified, deduplicated
+  sft_rs@ROUND       R1 SFT on the round's rejection-sampled data
+  grpo_final@ROUND   R1 final RL of the round with mixed rewards
+  eval@MODEL         held-out pass@1, pass@k, gold reward, format rate, response length of MODEL
 """
 
 EPILOG = """\
 examples:
   alignflow repro sft                    run the default pipeline (skips what is up to date)
   alignflow repro rlhf                   SFT -> reward model -> PPO
+  alignflow repro r1                     cold start -> GRPO -> rejection sampling -> SFT -> RL
   alignflow stage sft sft.lr=1e-4        run one stage with a param override
   alignflow report --json                latest metrics of every stage as JSON
 """

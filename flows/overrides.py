@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from tasks.config import Params
 
 # Where work is placed (Ray addresses, resources) is the deployment's business, not a run's: it stays in params.yaml.
-_NOT_OVERRIDABLE = {"runner", "ppo.roles"}
+_PLACEMENT = ("runner", "roles")
 
 
 def _field(annotation: Any, f: dataclasses.Field) -> tuple[Any, Any]:
@@ -33,7 +33,7 @@ def _model(cls: type, name: str, description: str, prefix: str = "") -> type[Bas
     hints = typing.get_type_hints(cls)
     fields = {}
     for f in dataclasses.fields(cls):
-        if f"{prefix}{f.name}" in _NOT_OVERRIDABLE:
+        if f.name in _PLACEMENT:
             continue
         if dataclasses.is_dataclass(hints[f.name]):
             sub = _model(hints[f.name], f"{name}{f.name.title()}", f.metadata["help"], f"{prefix}{f.name}.")

@@ -123,4 +123,14 @@ def rlhf(overrides: Overrides | None = None) -> dict[str, dict[str, Any]]:
     return run_pipeline("rlhf", to_dotlist(overrides), Path.cwd())
 
 
-FLOWS: dict[str, Flow] = {"sft": sft, "rlhf": rlhf}
+@flow(name="r1", description=PIPELINES["r1"].description, validate_parameters=True)
+def r1(overrides: Overrides | None = None) -> dict[str, dict[str, Any]]:
+    return run_pipeline("r1", to_dotlist(overrides), Path.cwd())
+
+
+@flow(name="r1_zero", description=PIPELINES["r1_zero"].description, validate_parameters=True)
+def r1_zero(overrides: Overrides | None = None) -> dict[str, dict[str, Any]]:
+    return run_pipeline("r1_zero", to_dotlist(overrides), Path.cwd())
+
+
+FLOWS: dict[str, Flow] = {"sft": sft, "rlhf": rlhf, "r1": r1, "r1_zero": r1_zero}

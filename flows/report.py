@@ -1,16 +1,20 @@
 """The pipeline report: every stage's latest metrics, in pipeline order, read through DVC's own index.
 
-An evaluation stage ``eval@<model>`` reports under the stage that produced the
-model, so ``sft`` shows both its training metrics and its held-out ``pass@1``.
+An evaluation stage (its command ``alignflow stage eval@<model>``) reports under the stage
+that produced the model, so ``sft`` shows both its training metrics and its held-out
+``pass@1``, and ``grpo_final@1`` those of ``eval@grpo_final/1``.
 """
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from dvc.repo import Repo
 
 from flows.dag import dependencies_first
+
+_EVALUATION = re.compile(r"alignflow stage eval@(\S+)")
 
 
 def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -39,6 +43,12 @@ def stage_metrics(root: str | Path, name: str) -> dict[str, Any]:
         return _metrics_of(stage)
 
 
+def _owner(stage: Any) -> str:
+    """The stage a stage's metrics belong to: itself, or for an evaluation, the stage that trained the model."""
+    evaluated = _EVALUATION.fullmatch(stage.cmd if isinstance(stage.cmd, str) else "")
+    return evaluated.group(1).replace("/", "@") if evaluated else stage.name
+
+
 def collect(root: str | Path = ".") -> dict[str, dict[str, Any]]:
     """{stage: {metric: value}} for every stage whose metrics exist, in pipeline order."""
     report: dict[str, dict[str, Any]] = {}
@@ -46,9 +56,7 @@ def collect(root: str | Path = ".") -> dict[str, dict[str, Any]]:
         for stage in dependencies_first(repo):
             metrics = _metrics_of(stage)
             if metrics:
-                kind, _, target = stage.name.partition("@")
-                owner = target if kind == "eval" and target else stage.name
-                report.setdefault(owner, {}).update(metrics)
+                report.setdefault(_owner(stage), {}).update(metrics)
     return report
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import networkx as nx
 import ray
 from dvc.repo import Repo
+from dvc.stage.exceptions import StageNotFound
 
 from flows.dag import dependencies_first
 from tasks.config import RunnerConfig, StageResources
@@ -51,10 +52,8 @@ def read_dag(project: Path, targets: tuple[str, ...]) -> list[StageSpec]:
     with _DVC, Repo(str(project)) as repo:
         graph = repo.index.graph  # edges point from a stage to the stages it depends on
         by_name = {stage.name: stage for stage in graph}
-        missing = [t for t in targets if t not in by_name]
-        if missing:
-            raise ValueError(f"{project / 'dvc.yaml'}: no stage(s) {', '.join(missing)}")
-        needed = set().union(*({by_name[t], *nx.descendants(graph, by_name[t])} for t in targets))
+        finals = [by_name[stage.name] for target in targets for stage in _collect(repo, project, target)]
+        needed = set().union(*({final, *nx.descendants(graph, final)} for final in finals))
         return [
             StageSpec(
                 stage.name,
@@ -64,6 +63,14 @@ def read_dag(project: Path, targets: tuple[str, ...]) -> list[StageSpec]:
             for stage in dependencies_first(repo)
             if stage in needed
         ]
+
+
+def _collect(repo: Repo, project: Path, target: str) -> list:
+    """The stages a target names: one stage, or every stage of a foreach group (``eval_grpo_final``)."""
+    try:
+        return repo.stage.collect(_target(project, target))
+    except StageNotFound:
+        raise ValueError(f"{project / 'dvc.yaml'}: no stage {target!r}") from None
 
 
 def _target(project: Path, stage: str) -> str:

@@ -18,14 +18,15 @@ METRICS = Path("metrics")
 CHECKPOINTS = Path(".alignflow") / "checkpoints"
 
 
-def model_dir(stage: str) -> Path:
-    """The HF model directory a model-producing stage writes."""
-    return ARTIFACTS / stage
-
-
-def samples_dir(stage: str) -> Path:
-    """Where a stage such as ``eval@sft`` writes what it generated (``artifacts/eval/sft``)."""
+def stage_dir(stage: str) -> Path:
+    """Where a stage writes what it produces: ``artifacts/sft``, ``artifacts/eval/sft`` for ``eval@sft``,
+    ``artifacts/sft_rs/1`` for ``sft_rs@1``."""
     return ARTIFACTS / stage.replace("@", "/")
+
+
+def model_dir(model: str) -> Path:
+    """The HF directory of a model, named by the stage that trains it (``sft_rs@1``) or by its path (``sft_rs/1``)."""
+    return stage_dir(model)
 
 
 def metrics_dir(stage: str) -> Path:

@@ -9,6 +9,8 @@ error names its full key (``sft.lr: must be > 0, got -0.001``). Each field's
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,6 +24,10 @@ from omegaconf.errors import OmegaConfBaseException
 
 PROBLEM_NAMES = ("arithmetic", "countdown")
 DEVICES = ("auto", "cpu", "cuda")
+# The names tasks/core_algos.py registers (a test keeps them equal; config stays free of torch imports).
+ADVANTAGES = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp")
+POLICY_LOSS_NAMES = ("token_mean", "seq_mean", "dr_grpo", "gspo", "cispo")
+KL_LOSSES = ("none", "k1", "k2", "k3")
 
 
 class ConfigError(ValueError):
@@ -89,6 +95,16 @@ class SFTConfig:
     grad_clip: float = param(1.0, "Clip the global gradient norm to this value.", gt=0)
     save_every: int = param(100, "Write a resumable checkpoint every N steps.", ge=1)
     log_every: int = param(20, "Log training metrics every N steps.", ge=1)
+    init: str = param("base", "The model to start from: base, or a stage that trains one (sft_cold, grpo, ...).")
+    num_examples: int | None = param(None, "Train on the first N examples only; null: all of them.", ge=1)
+
+
+def _cold_start_defaults() -> SFTConfig:
+    return SFTConfig(max_steps=500, warmup_steps=20, num_examples=2000, save_every=50)
+
+
+def _sft_rs_defaults() -> SFTConfig:
+    return SFTConfig(max_steps=600)
 
 
 @dataclass
@@ -146,35 +162,71 @@ def _default_roles() -> dict[str, StageResources]:
 
 
 @dataclass
-class PPOConfig:
-    steps: int = param(150, "PPO iterations (roll out, score, update).", ge=1)
-    rollout_batch_size: int = param(128, "Prompts rolled out per iteration (one response each).", ge=1)
+class RLConfig:
+    """One RL stage: PPO, GRPO and their kin share this schema and one trainer (``tasks/rl.py``).
+
+    An iteration samples ``group_size`` responses for each of ``rollout_batch_size`` prompts, scores
+    them with ``rewards``, turns the scores into advantages with the ``advantage`` estimator and
+    takes ``epochs`` passes of ``policy_loss`` over them. Which math runs is chosen by name here;
+    the trainer never branches on an algorithm's name.
+    """
+
+    steps: int = param(150, "Iterations (roll out, score, update).", ge=1)
+    rollout_batch_size: int = param(128, "Prompts rolled out per iteration.", ge=1)
+    group_size: int = param(1, "Responses sampled per prompt (G); group advantages compare them.", ge=1)
     minibatch_size: int = param(64, "Responses per gradient step.", ge=1)
-    epochs: int = param(2, "Passes over each rollout batch (K).", ge=1)
-    actor_lr: float = param(1e-4, "Actor AdamW learning rate (constant after warm-up).", gt=0)
-    critic_lr: float = param(5e-4, "Critic AdamW learning rate (constant after warm-up).", gt=0)
+    epochs: int = param(2, "Passes over each rollout batch; epochs x minibatches = updates per batch (mu).", ge=1)
+    actor_lr: float = param(1e-4, "Policy AdamW learning rate (constant after warm-up).", gt=0)
+    critic_lr: float = param(5e-4, "Critic AdamW learning rate (estimators with a critic only).", gt=0)
     warmup_steps: int = param(5, "Linear learning-rate warm-up, in iterations.", ge=0)
     temperature: float = param(1.0, "Rollout sampling temperature.", gt=0)
     max_new_tokens: int = param(64, "Longest rollout response.", ge=1)
-    gamma: float = param(1.0, "GAE discount.", ge=0, le=1)
+    advantage: str = param(
+        "gae", "Advantage estimator: gae (with a critic), grpo, dr_grpo, rloo, reinforce_pp.", choices=ADVANTAGES
+    )
+    gamma: float = param(1.0, "Discount (gae, reinforce_pp).", ge=0, le=1)
     lam: float = param(0.95, "GAE lambda.", ge=0, le=1)
-    clip_low: float = param(0.2, "Policy ratio clip below: 1 - clip_low.", gt=0, le=1)
-    clip_high: float = param(0.2, "Policy ratio clip above: 1 + clip_high (> clip_low is clip-higher).", gt=0)
+    policy_loss: str = param(
+        "token_mean",
+        "Policy loss: token_mean (clipped, token-level), seq_mean (clipped, per-response mean), dr_grpo "
+        "(constant normaliser), gspo (sequence-level ratio), cispo (clipped detached importance weight).",
+        choices=POLICY_LOSS_NAMES,
+    )
+    clip_low: float = param(0.2, "Ratio clip below: 1 - clip_low.", gt=0, le=1)
+    clip_high: float = param(0.2, "Ratio clip above: 1 + clip_high (> clip_low is DAPO's clip-higher).", gt=0)
     value_clip: float = param(0.2, "Value-loss clip around the rollout's values.", gt=0)
     entropy_coef: float = param(0.0, "Entropy bonus weight.", ge=0)
     grad_clip: float = param(1.0, "Clip each model's gradient norm to this value.", gt=0)
-    kl_coef: float = param(0.05, "Initial KL penalty coefficient beta (per token, in the reward).", ge=0)
+    kl_loss: str = param(
+        "none", "KL to the reference as a loss term, by estimator: none, k1, k2, k3.", choices=KL_LOSSES
+    )
+    kl_in_reward: bool = param(True, "Penalise -kl_coef * log(pi/pi_ref) at every token, in the reward (k1).")
+    kl_coef: float = param(0.05, "KL coefficient beta (in the reward and/or the loss).", ge=0)
     kl_target: float | None = param(4.0, "Adaptive KL: target KL per response in nats; null keeps kl_coef fixed.", gt=0)
     kl_horizon: int = param(10000, "Adaptive KL horizon (Ziegler et al., 2019), in responses.", ge=1)
-    kl_budget: float = param(8.0, "Largest acceptable final KL per response; the run warns above it.", gt=0)
-    reward_normalize: bool = param(True, "Scale reward-model scores by their running mean and std.")
-    reward_clip: float | None = param(5.0, "Clip (normalised) scores to +-this; null: no clipping.", gt=0)
-    reward_ensemble: str = param("mean", "How the ensemble's scores combine: mean or min.", choices=("mean", "min"))
+    kl_budget: float = param(8.0, "Largest acceptable KL per response; the run warns above it.", gt=0)
+    ref_reset_every: int | None = param(
+        None, "Reset the reference to the current policy every N iterations (iterative GRPO); null: never.", ge=1
+    )
+    rewards: dict[str, float] = field(
+        default_factory=lambda: {"reward_model": 1.0},
+        metadata={
+            "help": "Reward functions and their weights: accuracy, format, length, overlong, reward_model (the "
+            "RLHF reward model), or module:function of your own (see tasks/rewards.py)."
+        },
+    )
+    reward_normalize: bool = param(True, "Scale the summed reward by its running mean and std.")
+    reward_clip: float | None = param(5.0, "Clip the (normalised) reward to +-this; null: no clipping.", gt=0)
+    reward_ensemble: str = param("mean", "How a reward-model ensemble's scores combine.", choices=("mean", "min"))
+    reward_timeout_seconds: float = param(30.0, "Time budget of one reward function on one batch.", gt=0)
+    overlong_buffer: int = param(16, "The overlong reward falls from 0 to -1 over the last N tokens.", ge=1)
+    dynamic_sampling: bool = param(False, "Drop groups whose rewards are all equal and refill the batch (DAPO).")
+    max_sampling_rounds: int = param(3, "Dynamic sampling: at most this many rollout rounds per iteration.", ge=1)
     critic_init: str = param(
-        "reward", "Critic backbone and head from the reward model or the SFT model.", choices=("reward", "sft")
+        "reward", "Critic backbone from the reward model or the policy's initial model.", choices=("reward", "policy")
     )
     rollout_backend: str = param("hf", "Rollout engine: hf (transformers generate) or vllm.", choices=("hf", "vllm"))
-    colocate: bool = param(True, "Run the four roles in the stage's process; false gives each role its own Ray actor.")
+    colocate: bool = param(True, "Run every role in the stage's process; false gives each role its own Ray actor.")
     roles: dict[str, StageResources] = field(
         default_factory=_default_roles,
         metadata={
@@ -183,6 +235,61 @@ class PPOConfig:
     )
     save_every: int = param(25, "Write a resumable checkpoint every N iterations.", ge=1)
     entropy_floor: float = param(0.05, "Warn when mean token entropy falls below this (collapse).", ge=0)
+
+
+def _grpo_defaults() -> RLConfig:
+    return RLConfig(
+        steps=100,
+        rollout_batch_size=32,
+        group_size=8,
+        minibatch_size=128,
+        epochs=1,
+        actor_lr=2e-4,
+        warmup_steps=5,
+        advantage="grpo",
+        policy_loss="token_mean",
+        clip_low=0.2,
+        clip_high=0.28,
+        kl_loss="k3",
+        kl_in_reward=False,
+        kl_coef=0.001,
+        kl_target=None,
+        rewards={"accuracy": 1.0, "format": 0.1},
+        reward_normalize=False,
+        reward_clip=None,
+        dynamic_sampling=True,
+    )
+
+
+def _grpo_final_defaults() -> RLConfig:
+    final = _grpo_defaults()
+    final.steps = 50
+    final.rewards = {"accuracy": 1.0, "format": 0.1, "overlong": 0.1}
+    return final
+
+
+@dataclass
+class RejectionConfig:
+    num_prompts: int = param(4000, "Training prompts to sample from (the first N of the training split).", ge=1)
+    samples_per_prompt: int = param(8, "Responses sampled per prompt (N).", ge=1)
+    temperature: float = param(1.0, "Sampling temperature.", gt=0)
+    max_new_tokens: int = param(64, "Longest sampled response.", ge=1)
+    max_per_prompt: int = param(2, "Distinct accepted responses kept per prompt, at most.", ge=1)
+    top_by_reward_model: int = param(
+        1, "For a prompt whose task has no verifier: keep this many best responses by the reward model.", ge=1
+    )
+    general_ratio: float = param(
+        0.25, "General SFT rows (worked solutions of other training prompts) mixed in per accepted row.", ge=0
+    )
+
+
+@dataclass
+class RoundConfig:
+    policy: str = param("grpo", "The model (artifacts/<policy>) that rejection sampling samples from.")
+
+
+def _default_rounds() -> dict[str, RoundConfig]:
+    return {"1": RoundConfig()}
 
 
 def _default_resources() -> dict[str, StageResources]:
@@ -222,7 +329,19 @@ class Params:
     eval: EvalConfig = section(EvalConfig, "Held-out evaluation.")
     preferences: PreferencesConfig = section(PreferencesConfig, "Preference pairs sampled from SFT, judged.")
     reward: RewardConfig = section(RewardConfig, "Bradley-Terry reward model on the preference pairs.")
-    ppo: PPOConfig = section(PPOConfig, "PPO against the reward model, KL-anchored to SFT.")
+    ppo: RLConfig = section(RLConfig, "PPO against the reward model, KL-anchored to SFT.")
+    sft_cold: SFTConfig = section(_cold_start_defaults, "R1: cold-start SFT on a small set of worked solutions.")
+    grpo: RLConfig = section(_grpo_defaults, "R1: reasoning RL with rule-based rewards (and R1-Zero, from base).")
+    rejection: RejectionConfig = section(RejectionConfig, "R1: rejection sampling from an RL checkpoint.")
+    sft_rs: SFTConfig = section(_sft_rs_defaults, "R1: SFT on the rejection-sampled data (each round).")
+    grpo_final: RLConfig = section(_grpo_final_defaults, "R1: the final RL stage with mixed rewards (each round).")
+    rounds: dict[str, RoundConfig] = field(
+        default_factory=_default_rounds,
+        metadata={
+            "help": "R1 rounds of rejection sampling -> SFT -> RL, by round name; each samples from its `policy` "
+            "(round 1 from grpo, round 2 from grpo_final/1, ...)."
+        },
+    )
     runner: RunnerConfig = section(RunnerConfig, "Prefect and Ray: retries, resources, schedules.")
 
 
@@ -256,14 +375,77 @@ def _range_errors(key: str, f: dataclasses.Field, value: Any) -> Iterator[str]:
         yield f"{key}: must be made of {', '.join(checks['chars'])}, got {value!r}"
 
 
+RL_SECTIONS = ("ppo", "grpo", "grpo_final")
+SFT_SECTIONS = ("sft", "sft_cold", "sft_rs")
+# Models the pipelines train, by name: what `init` and `rounds.<round>.policy` may point at.
+MODELS = ("base", "sft", "ppo", "sft_cold", "grpo", "grpo_zero")
+ROUND_MODELS = ("sft_rs", "grpo_final")  # one per round: sft_rs/<round>
+BUILT_IN_REWARDS = ("accuracy", "format", "length", "overlong", "reward_model")
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+_ROUND_NAME = re.compile(r"[A-Za-z0-9_-]+")
+# Dict-valued params that params.yaml states in full (its dict replaces the default rather than adding to it).
+REPLACED_BY_THE_FILE = (*(f"{name}.rewards" for name in RL_SECTIONS), "rounds")
+
+
+def _is_model(name: str, rounds: dict[str, RoundConfig]) -> bool:
+    kind, _, round_name = name.partition("/")
+    return (name in MODELS) or (kind in ROUND_MODELS and round_name in rounds)
+
+
+def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
+    base = params.base
+    if cfg.group_size < 2 and (cfg.advantage in GROUP_ESTIMATORS or cfg.dynamic_sampling):
+        why = "dynamic sampling" if cfg.advantage not in GROUP_ESTIMATORS else f"advantage={cfg.advantage}"
+        yield f"{name}.group_size: {why} compares the responses of a prompt, needs >= 2, got {cfg.group_size}"
+    for reward, weight in cfg.rewards.items():
+        if reward not in BUILT_IN_REWARDS and ":" not in reward:
+            yield (
+                f"{name}.rewards.{reward}: not a reward ({', '.join(BUILT_IN_REWARDS)}, or module:function of your own)"
+            )
+        if not math.isfinite(weight):
+            yield f"{name}.rewards.{reward}: the weight must be a finite number, got {weight}"
+    if base.model_path is None:
+        longest = params.sft.max_prompt_length + cfg.max_new_tokens
+        if base.max_position_embeddings < longest:
+            yield (
+                f"{name}.max_new_tokens: a prompt of sft.max_prompt_length plus {cfg.max_new_tokens} new tokens "
+                f"exceeds base.max_position_embeddings ({base.max_position_embeddings})"
+            )
+        head_size = base.hidden_size // base.num_heads
+        vllm_on_cpu = cfg.rollout_backend == "vllm" and params.device != "cuda"
+        if vllm_on_cpu and not (head_size == 32 or (head_size >= 64 and head_size % 16 == 0)):
+            yield (
+                f"base.num_heads: {name}.rollout_backend=vllm on CPU needs a head size (base.hidden_size / "
+                f"base.num_heads) of 32, 64, 80, 96, ..., got {head_size}"
+            )
+
+
 def _cross_field_errors(params: Params) -> Iterator[str]:
-    base, sft, evaluation = params.base, params.sft, params.eval
-    if sft.max_length <= sft.max_prompt_length:
-        yield f"sft.max_length: must exceed sft.max_prompt_length ({sft.max_prompt_length}), got {sft.max_length}"
+    base, evaluation = params.base, params.eval
+    for name in SFT_SECTIONS:
+        sft = getattr(params, name)
+        if sft.max_length <= sft.max_prompt_length:
+            yield (
+                f"{name}.max_length: must exceed {name}.max_prompt_length ({sft.max_prompt_length}), "
+                f"got {sft.max_length}"
+            )
+        own_model = sft.init == name or sft.init.startswith(f"{name}/")
+        if own_model or not _is_model(sft.init, params.rounds):
+            yield f"{name}.init: not a model trained before {name} ({', '.join(MODELS)}, ...), got {sft.init!r}"
+    for name in RL_SECTIONS:
+        yield from _rl_errors(name, getattr(params, name), params)
+    for round_name, spec in params.rounds.items():
+        if not _ROUND_NAME.fullmatch(str(round_name)):
+            yield f"rounds.{round_name}: a round's name may use letters, digits, '_' and '-' only"
+        if not _is_model(spec.policy, params.rounds) or spec.policy == f"grpo_final/{round_name}":
+            yield (
+                f"rounds.{round_name}.policy: not a model trained before the round ({', '.join(MODELS)}, or "
+                f"grpo_final/<an earlier round>), got {spec.policy!r}"
+            )
     if base.model_path is None:
         if base.hidden_size % base.num_heads:
             yield f"base.num_heads: must divide base.hidden_size ({base.hidden_size}), got {base.num_heads}"
-        longest = max(sft.max_length, sft.max_prompt_length + evaluation.max_new_tokens)
+        longest = max(params.sft.max_length, params.sft.max_prompt_length + evaluation.max_new_tokens)
         if base.max_position_embeddings < longest:
             yield (
                 f"base.max_position_embeddings: must be >= {longest} (the longest training or generated "
@@ -280,13 +462,6 @@ def _cross_field_errors(params: Params) -> Iterator[str]:
     for key, path in user_files.items():
         if path is not None and not Path(path).is_file():
             yield f"{key}: no file at {path!r}"
-    head_size = base.hidden_size // base.num_heads
-    vllm_on_cpu = params.ppo.rollout_backend == "vllm" and params.device != "cuda" and base.model_path is None
-    if vllm_on_cpu and not (head_size == 32 or (head_size >= 64 and head_size % 16 == 0)):
-        yield (
-            f"base.num_heads: ppo.rollout_backend=vllm on CPU needs a head size (base.hidden_size / base.num_heads) "
-            f"of 32, 64, 80, 96, ..., got {head_size}"
-        )
     if "default" not in params.runner.resources:
         yield "runner.resources: needs a 'default' entry"
     for pipeline, cron in params.runner.schedules.items():
@@ -325,7 +500,15 @@ def load_params(path: str | Path = "params.yaml", overrides: list[str] | tuple[s
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(Params), from_file, OmegaConf.from_dotlist(list(overrides)))
+        dotlist = OmegaConf.from_dotlist(list(overrides))
+        merged = OmegaConf.merge(OmegaConf.structured(Params), from_file, dotlist)
+        for key in REPLACED_BY_THE_FILE:
+            # omegaconf merges dicts key by key; a reward mix or a list of rounds written out means exactly that
+            if (given := OmegaConf.select(from_file, key)) is not None:
+                OmegaConf.update(merged, key, {}, merge=False)
+                for layer in (given, OmegaConf.select(dotlist, key)):
+                    if layer is not None:
+                        OmegaConf.update(merged, key, layer, merge=True)
         params = OmegaConf.to_object(merged)
     except OmegaConfBaseException as error:
         raise ConfigError(f"{path}: {_describe(error)}") from None

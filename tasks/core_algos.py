@@ -4,6 +4,8 @@ Shapes: B sequences, T token positions, V vocabulary. Masks are 1.0 on tokens
 that count and 0.0 on prompt and padding tokens.
 """
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -104,25 +106,6 @@ def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch
     return (values - masked_mean(values, mask)) * torch.rsqrt(masked_variance(values, mask) + eps) * mask
 
 
-def clipped_policy_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    eps_low: float,
-    eps_high: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's clipped surrogate, token-mean; returns (loss, fraction of tokens where the clip is active).
-
-    ρ = π/π_old is clipped to [1−ε_low, 1+ε_high] (ε_high > ε_low is DAPO's clip-higher).
-    """
-    ratio = torch.exp(torch.where(mask.bool(), logprobs - old_logprobs, 0))
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1 - eps_low, 1 + eps_high)
-    loss = masked_mean(torch.maximum(unclipped, clipped), mask)
-    return loss, masked_mean((clipped > unclipped).float(), mask)
-
-
 def clipped_value_loss(
     values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip: float
 ) -> torch.Tensor:
@@ -154,3 +137,183 @@ def adaptive_kl_coef(coef: float, kl: float, target: float, horizon: int, num_re
     """
     error = min(max(kl / target - 1.0, -0.2), 0.2)
     return coef * (1.0 + error * num_responses / horizon)
+
+
+# --- Advantage estimators, registered by name (an RL stage's ``advantage`` param picks one).
+# All take the same inputs: per-token rewards (B, T) holding each response's score at its last
+# token (plus any per-token KL penalty), the response mask, the group size (the G responses of
+# one prompt are consecutive rows), and for estimators with a critic its values and γ, λ.
+# They return per-token advantages (B, T), zero on padding, and the critic's regression
+# targets (None without a critic). Group statistics are reshapes to (B / G, G), never loops.
+
+AdvantageEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+NEEDS_CRITIC: set[str] = set()
+GROUP_STD_EPS = 1e-6
+
+
+def register_advantage(name: str, needs_critic: bool = False) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
+    def register(estimator: AdvantageEstimator) -> AdvantageEstimator:
+        ADVANTAGE_ESTIMATORS[name] = estimator
+        if needs_critic:
+            NEEDS_CRITIC.add(name)
+        return estimator
+
+    return register
+
+
+def sequence_rewards(token_rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each response's total reward: (B, T) -> (B,)."""
+    return (token_rewards * mask).sum(-1)
+
+
+def _per_token(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A response's advantage on every one of its tokens: (B,) -> (B, T)."""
+    return advantages[:, None] * mask
+
+
+def _groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    if scores.numel() % group_size:
+        raise ValueError(f"{scores.numel()} responses do not split into groups of {group_size}")
+    return scores.view(-1, group_size)
+
+
+def _centred(groups: torch.Tensor) -> torch.Tensor:
+    """r − group mean, exactly 0 in a group of equal rewards (float round-off would leave ±1e-16 there)."""
+    return torch.where(
+        groups.amax(1, keepdim=True) > groups.amin(1, keepdim=True), groups - groups.mean(1, keepdim=True), 0
+    )
+
+
+@register_advantage("grpo")
+def grpo_advantages(token_rewards, mask, group_size, **_) -> tuple[torch.Tensor, None]:
+    """(r − group mean) / group std (Shao et al., 2024); the population std, so a group's advantages have std 1."""
+    groups = _groups(sequence_rewards(token_rewards, mask), group_size)
+    normalised = _centred(groups) / (groups.std(1, unbiased=False, keepdim=True) + GROUP_STD_EPS)
+    return _per_token(normalised.flatten(), mask), None
+
+
+@register_advantage("dr_grpo")
+def dr_grpo_advantages(token_rewards, mask, group_size, **_) -> tuple[torch.Tensor, None]:
+    """r − group mean, without the std division that favours groups of nearly equal rewards (Liu et al., 2025)."""
+    groups = _groups(sequence_rewards(token_rewards, mask), group_size)
+    return _per_token(_centred(groups).flatten(), mask), None
+
+
+@register_advantage("rloo")
+def rloo_advantages(token_rewards, mask, group_size, **_) -> tuple[torch.Tensor, None]:
+    """r_i − mean of the other G − 1 rewards of its group (Ahmadian et al., 2024), i.e. G/(G−1)·(r_i − group mean)."""
+    if group_size < 2:
+        raise ValueError("rloo needs at least 2 responses per prompt")
+    groups = _groups(sequence_rewards(token_rewards, mask), group_size)
+    return _per_token((_centred(groups) * group_size / (group_size - 1)).flatten(), mask), None
+
+
+@register_advantage("reinforce_pp")
+def reinforce_pp_advantages(token_rewards, mask, group_size, gamma=1.0, **_) -> tuple[torch.Tensor, None]:
+    """REINFORCE++ (Hu, 2025): each token's discounted return-to-go, whitened over the whole batch's tokens."""
+    returns = torch.zeros_like(token_rewards)
+    running = torch.zeros_like(token_rewards[:, 0])
+    for t in reversed(range(token_rewards.shape[1])):
+        running = token_rewards[:, t] * mask[:, t] + gamma * running
+        returns[:, t] = running
+    return whiten(returns * mask, mask), None
+
+
+@register_advantage("gae", needs_critic=True)
+def gae_advantages(
+    token_rewards, mask, group_size, values, gamma=1.0, lam=1.0, **_
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's estimator: GAE(γ, λ) on the critic's values, whitened; the returns train the critic."""
+    advantages, returns = gae(token_rewards, values, mask, gamma, lam)
+    return whiten(advantages, mask), returns
+
+
+def informative_groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Which groups have rewards that differ (DAPO's dynamic sampling keeps only these): (B,) -> (B / G,) bool."""
+    groups = _groups(scores, group_size)
+    return groups.amax(1) > groups.amin(1)
+
+
+def overlong_penalty(lengths: torch.Tensor, truncated: torch.Tensor, max_length: int, buffer: int) -> torch.Tensor:
+    """DAPO's soft overlong punishment: 0 up to max_length − buffer, then linearly down to −1 at max_length;
+    −1 for a response cut off at max_length without ending."""
+    soft = ((max_length - buffer) - lengths.float()).clamp(max=0) / max(buffer, 1)
+    return torch.where(truncated, torch.full_like(soft, -1.0), soft.clamp(min=-1.0))
+
+
+# --- Policy losses, registered by name (an RL stage's ``policy_loss`` param picks one). All take
+# (log π_θ, log π_old, advantages, mask) over response tokens and the clip range, and return
+# (loss, fraction of tokens or sequences where the clip is active).
+
+PolicyLoss = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+
+def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
+    def register(loss: PolicyLoss) -> PolicyLoss:
+        POLICY_LOSSES[name] = loss
+        return loss
+
+    return register
+
+
+def _clipped_terms(logprobs, old_logprobs, advantages, mask, eps_low, eps_high) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token max(−Â·ρ, −Â·clip(ρ)) and whether the clip binds; ρ is formed on real tokens only."""
+    ratio = torch.exp(torch.where(mask.bool(), logprobs - old_logprobs, 0))
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - eps_low, 1 + eps_high)
+    return torch.maximum(unclipped, clipped), (clipped > unclipped).float()
+
+
+@register_policy_loss("token_mean")
+def clipped_policy_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, **_):
+    """PPO's clipped surrogate, averaged over every token of the batch (DAPO's token-level loss).
+
+    ρ = π/π_old is clipped to [1−ε_low, 1+ε_high] (ε_high > ε_low is DAPO's clip-higher).
+    """
+    terms, clipped = _clipped_terms(logprobs, old_logprobs, advantages, mask, eps_low, eps_high)
+    return masked_mean(terms, mask), masked_mean(clipped, mask)
+
+
+@register_policy_loss("seq_mean")
+def seq_mean_policy_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, **_):
+    """The clipped surrogate averaged over each response's tokens, then over responses (GRPO as published)."""
+    terms, clipped = _clipped_terms(logprobs, old_logprobs, advantages, mask, eps_low, eps_high)
+    per_sequence = (terms * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return per_sequence.mean(), masked_mean(clipped, mask)
+
+
+@register_policy_loss("dr_grpo")
+def dr_grpo_policy_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, max_length, **_):
+    """The clipped surrogate summed over tokens and divided by a constant, B × max_length (Dr. GRPO):
+    no response-length normalisation, so long wrong answers are not penalised less per token."""
+    terms, clipped = _clipped_terms(logprobs, old_logprobs, advantages, mask, eps_low, eps_high)
+    return (terms * mask).sum() / (mask.shape[0] * max_length), masked_mean(clipped, mask)
+
+
+def sequence_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO's sequence importance weight exp(mean_t log π/π_old): (B, T) -> (B,)."""
+    log_ratio = torch.where(mask.bool(), logprobs - old_logprobs, 0).sum(-1) / mask.sum(-1).clamp(min=1)
+    return torch.exp(log_ratio)
+
+
+@register_policy_loss("gspo")
+def gspo_policy_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, **_):
+    """GSPO (Zheng et al., 2025): the clipped surrogate on the length-normalised sequence ratio; returns the
+    fraction of sequences clipped."""
+    ratio = sequence_ratio(logprobs, old_logprobs, mask)
+    sequence_advantages = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    unclipped = -sequence_advantages * ratio
+    clipped = -sequence_advantages * ratio.clamp(1 - eps_low, 1 + eps_high)
+    return torch.maximum(unclipped, clipped).mean(), (clipped > unclipped).float().mean()
+
+
+@register_policy_loss("cispo")
+def cispo_policy_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, **_):
+    """CISPO (MiniMax, 2025): −sg(clip(ρ))·Â·log π per token. The importance weight is clipped and detached,
+    so every token keeps a gradient through log π, however far its ratio has moved."""
+    ratio = torch.exp(torch.where(mask.bool(), logprobs - old_logprobs, 0))
+    weight = ratio.clamp(1 - eps_low, 1 + eps_high).detach()
+    clipped = ((ratio < 1 - eps_low) | (ratio > 1 + eps_high)).float()
+    return masked_mean(-weight * advantages * logprobs, mask), masked_mean(clipped, mask)

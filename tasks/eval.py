@@ -9,33 +9,26 @@ import json
 import torch
 
 from models import load_policy, load_tokenizer, resolve_device
-from tasks.artifacts import DATA_DIR, atomic_output, model_dir, samples_dir
-from tasks.config import Params
+from tasks.artifacts import DATA_DIR, atomic_output, model_dir, stage_dir
+from tasks.config import EvalConfig, Params
 from tasks.core_algos import pass_at_k
 from tasks.datasets import read_examples
 from tasks.judge import gold_utility
-from tasks.problems import score_response
-from tasks.rollout import HFEngine, Sampling
+from tasks.problems import Example, score_response
+from tasks.rollout import HFEngine, RolloutEngine, Sampling
 from tasks.tracking import stage_live
 from tasks.training import make_deterministic
 
 
-def run(params: Params, target: str) -> None:
-    cfg = params.eval
-    make_deterministic(params.seed)
-    device = resolve_device(params.device)
-    examples = read_examples(DATA_DIR / "test.jsonl")
-    tokenizer = load_tokenizer(model_dir(target))
-    engine = HFEngine(load_policy(model_dir(target), device), tokenizer, cfg.batch_size)
+def evaluate(engine: RolloutEngine, examples: list[Example], cfg: EvalConfig) -> tuple[dict[str, float], list[dict]]:
+    """Held-out metrics of the policy behind ``engine``, and its greedy responses row by row."""
     prompts = [e.prompt for e in examples]
-
     greedy = engine.generate(prompts, Sampling(cfg.max_new_tokens, greedy=True))
     sampled = engine.generate(prompts, Sampling(cfg.max_new_tokens, n=cfg.k, temperature=cfg.temperature))
     greedy_scores = torch.tensor([score_response(examples[c.prompt_index], c.text) for c in greedy])
     gold = [gold_utility(examples[c.prompt_index], c.text) for c in sampled]
     sampled_correct = torch.tensor([score_response(examples[c.prompt_index], c.text)[1] for c in sampled])
     correct_per_prompt = sampled_correct.view(len(prompts), cfg.k).sum(-1)
-
     metrics = {
         "pass@1": greedy_scores[:, 1].float().mean().item(),
         "pass@k": pass_at_k(cfg.k, correct_per_prompt, cfg.k).mean().item(),
@@ -44,17 +37,23 @@ def run(params: Params, target: str) -> None:
         "format_rate": greedy_scores[:, 0].float().mean().item(),
         "response_length": sum(len(c.token_ids) for c in greedy) / len(greedy),
     }
+    rows = [
+        {"prompt": prompts[c.prompt_index], "response": c.text, "formatted": bool(f), "correct": bool(ok)}
+        for c, (f, ok) in zip(greedy, greedy_scores.tolist(), strict=True)
+    ]
+    return metrics, rows
+
+
+def run(params: Params, target: str) -> None:
+    make_deterministic(params.seed)
+    tokenizer = load_tokenizer(model_dir(target))
+    engine = HFEngine(load_policy(model_dir(target), resolve_device(params.device)), tokenizer, params.eval.batch_size)
+    metrics, rows = evaluate(engine, read_examples(DATA_DIR / "test.jsonl"), params.eval)
     stage = f"eval@{target}"
-    with atomic_output(samples_dir(stage)) as out, stage_live(stage) as live:
+    with atomic_output(stage_dir(stage)) as out, stage_live(stage) as live:
         out.mkdir()
         with open(out / "greedy.jsonl", "w") as handle:
-            for completion, (formatted, correct) in zip(greedy, greedy_scores.tolist(), strict=True):
-                row = {
-                    "prompt": prompts[completion.prompt_index],
-                    "response": completion.text,
-                    "formatted": bool(formatted),
-                    "correct": bool(correct),
-                }
+            for row in rows:
                 handle.write(json.dumps(row) + "\n")
         for name, value in metrics.items():
             live.log_metric(name, round(value, 6), plot=False)

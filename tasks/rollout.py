@@ -31,6 +31,7 @@ class Completion:
     token_ids: list[int]  # the generated tokens, up to and including end-of-sequence
     text: str  # decoded without special tokens
     logprobs: list[float]  # the engine's log-prob of each generated token (temperature applied)
+    truncated: bool = False  # stopped at max_new_tokens without end-of-sequence
 
 
 class RolloutEngine(Protocol):
@@ -82,10 +83,11 @@ class HFEngine:
             logits = torch.stack(output.logits, dim=1).float() / temperature
             logprobs = torch.log_softmax(logits, -1).gather(-1, generated.unsqueeze(-1)).squeeze(-1)
             for row, (token_ids, token_logprobs) in enumerate(zip(generated.tolist(), logprobs.tolist(), strict=True)):
+                truncated = self.tokenizer.eos_token_id not in token_ids
                 token_ids = _until_eos(token_ids, self.tokenizer.eos_token_id)
                 text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
                 completions.append(
-                    Completion(start + row // sampling.n, token_ids, text, token_logprobs[: len(token_ids)])
+                    Completion(start + row // sampling.n, token_ids, text, token_logprobs[: len(token_ids)], truncated)
                 )
         self.model.train(was_training)
         return completions

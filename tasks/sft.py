@@ -1,4 +1,7 @@
-"""Stage `sft`: supervised fine-tuning on worked solutions, loss on response tokens only.
+"""Stages `sft`, `sft_cold` and `sft_rs@<round>`: supervised fine-tuning on worked solutions, loss on response
+tokens only. ``sft`` trains on the training split (RLHF's first stage), ``sft_cold`` on its first few examples
+(R1's cold start), ``sft_rs@<round>`` on a round's rejection-sampled data (R1's second SFT); each starts from
+the model its section's ``init`` names.
 
 AdamW with warm-up and cosine decay, gradient clipping, and a checkpoint every
 ``sft.save_every`` steps holding everything needed to continue bit-for-bit:
@@ -12,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from models import load_policy, load_tokenizer, resolve_device
-from tasks.artifacts import DATA_DIR, atomic_output, model_dir
+from tasks.artifacts import DATA_DIR, atomic_output, model_dir, stage_dir
 from tasks.config import Params, SFTConfig, to_dict
 from tasks.core_algos import sft_loss
 from tasks.datasets import DatasetError, read_examples
@@ -70,7 +73,7 @@ def train(params: Params, cfg: SFTConfig, stage: str, init_dir: Path, train_file
     make_deterministic(params.seed)
     device = resolve_device(params.device)
     tokenizer = load_tokenizer(init_dir)
-    batches = SFTBatches(read_examples(train_file), tokenizer, cfg, train_file, params.seed)
+    batches = SFTBatches(read_examples(train_file)[: cfg.num_examples], tokenizer, cfg, train_file, params.seed)
     model = load_policy(init_dir, device)
     model.train()
     optimizer, scheduler = adamw_with_cosine(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, cfg.max_steps)
@@ -133,4 +136,13 @@ def train(params: Params, cfg: SFTConfig, stage: str, init_dir: Path, train_file
 
 
 def run(params: Params) -> None:
-    train(params, params.sft, "sft", model_dir("base"), DATA_DIR / "train.jsonl")
+    train(params, params.sft, "sft", model_dir(params.sft.init), DATA_DIR / "train.jsonl")
+
+
+def run_cold_start(params: Params) -> None:
+    train(params, params.sft_cold, "sft_cold", model_dir(params.sft_cold.init), DATA_DIR / "train.jsonl")
+
+
+def run_round(params: Params, round_name: str) -> None:
+    train_file = stage_dir(f"rejection@{round_name}") / "train.jsonl"
+    train(params, params.sft_rs, f"sft_rs@{round_name}", model_dir(params.sft_rs.init), train_file)

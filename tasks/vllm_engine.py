@@ -76,7 +76,8 @@ class VLLMEngine:
                 token_ids = list(sample.token_ids)
                 logprobs = [step[token].logprob for step, token in zip(sample.logprobs, token_ids, strict=True)]
                 text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-                completions.append(Completion(prompt_index, token_ids, text, logprobs))
+                truncated = sample.finish_reason == "length"
+                completions.append(Completion(prompt_index, token_ids, text, logprobs, truncated))
         return completions
 
     def completion_logprobs(self, prompts: list[str], completions: list[list[int]]) -> list[list[float]]:

@@ -1,12 +1,12 @@
-"""The four PPO roles, each a self-contained worker that runs in the stage's process or as a Ray actor.
+"""The roles of an RL stage, each a self-contained worker that runs in the stage's process or as a Ray actor.
 
 - actor: the policy being trained, with its rollout engine (HF or vLLM, synced in place after each update);
-- critic: per-token values, trained on the GAE returns;
-- reference: the frozen SFT policy, the KL anchor;
+- critic: per-token values, trained on the returns (only for advantage estimators that need one);
+- reference: the frozen initial policy, the KL anchor (only when a KL term or a reference reset is asked for);
 - reward: the frozen reward model(s), scoring (prompt, response) texts; an ensemble is combined by mean or min.
 
 Workers exchange token tensors and texts, never models. ``place`` puts a role in this
-process (``ppo.colocate``) or on its own Ray actor with the resources ``ppo.roles`` gives it;
+process (``colocate``) or on its own Ray actor with the resources ``roles`` gives it;
 the trainer calls both the same way and may run calls on different roles concurrently.
 """
 
@@ -18,8 +18,15 @@ import torch
 from transformers import PreTrainedModel
 
 from models import load_critic, load_policy, load_reference, load_reward_model, load_tokenizer, resolve_device
-from tasks.config import Params, StageResources
-from tasks.core_algos import clipped_policy_loss, clipped_value_loss, entropy_from_logits, masked_mean, token_logprobs
+from tasks.config import Params, RLConfig, StageResources
+from tasks.core_algos import (
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    clipped_value_loss,
+    entropy_from_logits,
+    masked_mean,
+    token_logprobs,
+)
 from tasks.reward import score_texts
 from tasks.rollout import Completion, HFEngine, RolloutEngine, Sampling
 from tasks.sequences import PackedBatch
@@ -39,8 +46,8 @@ def _minibatches(size: int, minibatch_size: int, epochs: int) -> list[torch.Tens
     return [rows for _ in range(epochs) for rows in torch.randperm(size).split(minibatch_size)]
 
 
-def _make_engine(params: Params, model: PreTrainedModel, tokenizer, model_dir: Path) -> RolloutEngine:
-    if params.ppo.rollout_backend == "vllm":
+def _make_engine(params: Params, cfg: RLConfig, model: PreTrainedModel, tokenizer, model_dir: Path) -> RolloutEngine:
+    if cfg.rollout_backend == "vllm":
         from tasks.vllm_engine import VLLMEngine  # vllm is optional: imported only when asked for
 
         engine = VLLMEngine(model_dir, seed=params.seed, max_model_len=model.config.max_position_embeddings)
@@ -72,36 +79,56 @@ class _TrainedRole:
 
 
 class ActorWorker(_TrainedRole):
-    def __init__(self, params: Params, model_dir: Path):
-        cfg = self.cfg = params.ppo
+    def __init__(self, params: Params, cfg: RLConfig, model_dir: Path):
+        self.cfg = cfg
         make_deterministic(params.seed)
         self.model = load_policy(model_dir, resolve_device(params.device))
         self.model.train()
         self.optimizer, self.scheduler = adamw_with_cosine(self.model, cfg.actor_lr, 0.0, cfg.warmup_steps, None)
-        self.engine = _make_engine(params, self.model, load_tokenizer(model_dir), model_dir)
+        self.engine = _make_engine(params, cfg, self.model, load_tokenizer(model_dir), model_dir)
 
     def generate(self, prompts: list[str]) -> list[Completion]:
-        return self.engine.generate(prompts, Sampling(self.cfg.max_new_tokens, temperature=self.cfg.temperature))
+        sampling = Sampling(self.cfg.max_new_tokens, n=self.cfg.group_size, temperature=self.cfg.temperature)
+        return self.engine.generate(prompts, sampling)
 
     @torch.no_grad()
     def logprobs(self, batch: PackedBatch) -> torch.Tensor:
         return response_logprobs(self.model, batch.to(self.model.device), self.cfg.temperature)[0].cpu()
 
-    def update(self, batch: PackedBatch, old_logprobs: torch.Tensor, advantages: torch.Tensor) -> dict[str, float]:
-        """K epochs of minibatch steps on the clipped surrogate (minus the entropy bonus), then an engine sync."""
+    def update(
+        self,
+        batch: PackedBatch,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        ref_logprobs: torch.Tensor | None,
+        kl_coef: float,
+    ) -> dict[str, float]:
+        """``epochs`` passes of minibatch steps on the policy loss (minus the entropy bonus, plus the KL loss
+        when one is asked for), then an engine sync."""
         cfg, device = self.cfg, self.model.device
+        policy_loss_fn = POLICY_LOSSES[cfg.policy_loss]
+        kl_estimator = KL_ESTIMATORS.get(cfg.kl_loss)
         totals = {"policy_loss": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "approx_kl": 0.0, "grad_norm": 0.0}
         minibatches = _minibatches(len(old_logprobs), cfg.minibatch_size, cfg.epochs)
         for rows in minibatches:
             part = batch.select(rows).to(device)
             mask, old = part.response_mask, old_logprobs[rows].to(device)
             logprobs, logits = response_logprobs(self.model, part, cfg.temperature)
-            policy_loss, clip_fraction = clipped_policy_loss(
-                logprobs, old, advantages[rows].to(device), mask, cfg.clip_low, cfg.clip_high
+            policy_loss, clip_fraction = policy_loss_fn(
+                logprobs,
+                old,
+                advantages[rows].to(device),
+                mask,
+                eps_low=cfg.clip_low,
+                eps_high=cfg.clip_high,
+                max_length=cfg.max_new_tokens,
             )
             entropy = masked_mean(entropy_from_logits(logits), mask)
+            loss = policy_loss - cfg.entropy_coef * entropy
+            if kl_estimator is not None:
+                loss = loss + kl_coef * masked_mean(kl_estimator(logprobs, ref_logprobs[rows].to(device)), mask)
             self.optimizer.zero_grad(set_to_none=True)
-            (policy_loss - cfg.entropy_coef * entropy).backward()
+            loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
             self.optimizer.step()
             with torch.no_grad():
@@ -114,6 +141,9 @@ class ActorWorker(_TrainedRole):
         self.engine.sync_weights(self.model)
         return totals
 
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {name: tensor.detach().cpu().clone() for name, tensor in self.model.state_dict().items()}
+
     def load_state(self, state: dict[str, Any]) -> None:
         super().load_state(state)
         self.engine.sync_weights(self.model)
@@ -124,8 +154,8 @@ class ActorWorker(_TrainedRole):
 
 
 class CriticWorker(_TrainedRole):
-    def __init__(self, params: Params, model_dir: Path):
-        cfg = self.cfg = params.ppo
+    def __init__(self, params: Params, cfg: RLConfig, model_dir: Path):
+        self.cfg = cfg
         make_deterministic(params.seed + 1)
         self.model = load_critic(model_dir, resolve_device(params.device))
         self.model.train()
@@ -161,8 +191,8 @@ class CriticWorker(_TrainedRole):
 
 
 class ReferenceWorker:
-    def __init__(self, params: Params, model_dir: Path):
-        self.temperature = params.ppo.temperature
+    def __init__(self, params: Params, cfg: RLConfig, model_dir: Path):
+        self.temperature = cfg.temperature
         self.model = load_reference(model_dir, resolve_device(params.device))
 
     @torch.no_grad()
@@ -172,12 +202,16 @@ class ReferenceWorker:
     def weights(self) -> dict[str, torch.Tensor]:
         return {name: tensor.cpu() for name, tensor in self.model.state_dict().items()}
 
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Make the current policy the new anchor (a reference reset)."""
+        self.model.load_state_dict(weights)
+
 
 class RewardWorker:
-    def __init__(self, params: Params, member_dirs: list[Path]):
+    def __init__(self, params: Params, cfg: RLConfig, member_dirs: list[Path]):
         device = resolve_device(params.device)
         self.members = [(load_reward_model(path, device), load_tokenizer(path)) for path in member_dirs]
-        self.combine, self.batch_size = params.ppo.reward_ensemble, params.eval.batch_size
+        self.combine, self.batch_size = cfg.reward_ensemble, params.eval.batch_size
 
     def score(self, prompts: list[str], responses: list[str]) -> torch.Tensor:
         scores = torch.stack(
@@ -223,15 +257,16 @@ class Worker:
         return Pending(getattr(self.handle, method)(*args), remote=False)
 
 
-def place(params: Params, sft_dir: Path, reward_dirs: list[Path]) -> dict[str, Worker]:
-    """Start the four roles, colocated in this process or each on its own Ray actor."""
-    cfg = params.ppo
-    critic_dir = reward_dirs[0] if cfg.critic_init == "reward" else sft_dir
+def place(
+    params: Params, cfg: RLConfig, policy_dir: Path, reward_dirs: list[Path], wanted: set[str]
+) -> dict[str, Worker]:
+    """Start the ``wanted`` roles (the actor always), colocated in this process or each on its own Ray actor."""
+    critic_dir = reward_dirs[0] if cfg.critic_init == "reward" and reward_dirs else policy_dir
     roles = {
-        "actor": (ActorWorker, (params, sft_dir)),
-        "critic": (CriticWorker, (params, critic_dir)),
-        "reference": (ReferenceWorker, (params, sft_dir)),
-        "reward": (RewardWorker, (params, reward_dirs)),
+        "actor": (ActorWorker, (params, cfg, policy_dir)),
+        "critic": (CriticWorker, (params, cfg, critic_dir)),
+        "reference": (ReferenceWorker, (params, cfg, policy_dir)),
+        "reward": (RewardWorker, (params, cfg, reward_dirs)),
     }
     if not cfg.colocate:
         from tasks.cluster import connect_ray
@@ -240,4 +275,5 @@ def place(params: Params, sft_dir: Path, reward_dirs: list[Path]) -> dict[str, W
     return {
         name: Worker(role, args, None if cfg.colocate else cfg.roles.get(name, StageResources()))
         for name, (role, args) in roles.items()
+        if name == "actor" or name in wanted
     }

@@ -11,8 +11,9 @@ from models import load_tokenizer
 from tasks.artifacts import DATA_DIR, model_dir
 from tasks.config import load_params
 from tasks.datasets import read_examples, read_preferences
-from tasks.ppo import RunningMoments, iterate
 from tasks.reward import member_dirs
+from tasks.rewards import RewardScorer
+from tasks.rl import LoopState, Rollout, learn, needed_roles, score
 from tasks.workers import place
 from tests.conftest import ENV, kill_at_first_checkpoint, make_project, repro, stages_run
 
@@ -42,7 +43,7 @@ def test_rlhf_pipeline_runs_every_stage_and_reports_reward_accuracy_and_gold_rew
     for model in ("sft", "ppo"):
         assert 0.0 <= report[model]["gold_reward"] <= 1.0
     ppo = report["ppo"]
-    for name in ("kl", "kl_budget", "train/clip_fraction", "train/explained_variance", "time/generate", "time/train"):
+    for name in ("kl", "kl_budget", "train/clip_fraction", "train/explained_variance", "time/generate", "time/score"):
         assert name in ppo
     # The HF engine samples with the trainer's own numbers: parity is float32 round-off.
     assert ppo["train/logprob_parity"] < 1e-4
@@ -57,14 +58,17 @@ def test_rlhf_pipeline_runs_every_stage_and_reports_reward_accuracy_and_gold_rew
 def _frozen_and_moved(path, overrides: list[str], monkeypatch) -> None:
     monkeypatch.chdir(path)
     params = load_params("params.yaml", overrides)
-    roles = place(params, model_dir("sft"), member_dirs())
+    cfg = params.ppo
+    roles = place(params, cfg, model_dir("sft"), member_dirs(), needed_roles(cfg))
     reference = roles["reference"].call("weights").result()
     reward = roles["reward"].call("weights").result()
     actor = {name: t.clone() for name, t in roles["actor"].call("state").result()["model"].items()}
     examples, tokenizer = read_examples(DATA_DIR / "train.jsonl")[:16], load_tokenizer(model_dir("sft"))
-    moments = RunningMoments()
+    state, scorer = LoopState(kl_coef=cfg.kl_coef), RewardScorer(cfg.rewards, cfg.reward_timeout_seconds)
+    clock = dict.fromkeys(("time/generate", "time/score", "time/train"), 0.0)
     for _ in range(3):  # the first update runs at the warm-up's zero learning rate
-        metrics = iterate(roles, examples, tokenizer, params.ppo, params.ppo.kl_coef, moments)
+        rollout: Rollout = score(roles, scorer, examples, cfg, clock)
+        metrics = learn(roles, rollout, tokenizer, cfg, state, clock)
     assert metrics["kl"] != 0.0, "after an update the actor must differ from the reference"
     after_reference = roles["reference"].call("weights").result()
     after_reward = roles["reward"].call("weights").result()

@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models import load_policy, load_tokenizer
-from tasks.config import PPOConfig
+from tasks.config import RLConfig
 from tasks.core_algos import adaptive_kl_coef, explained_variance
 from tasks.judge import gold_utility, prefers_first
-from tasks.ppo import RunningMoments, alarms, prepare_scores
 from tasks.problems import Example
+from tasks.rl import RunningMoments, alarms, prepare_scores
 from tasks.rollout import HFEngine, Sampling
 from tasks.sequences import pack, pack_text
 from tasks.workers import response_logprobs
@@ -94,7 +94,7 @@ def test_running_moments_equal_the_moments_of_everything_seen():
 
 
 def test_scores_are_normalised_then_clipped():
-    cfg = PPOConfig(reward_normalize=True, reward_clip=1.0)
+    cfg = RLConfig(reward_normalize=True, reward_clip=1.0)
     scores = prepare_scores(torch.tensor([0.0, 10.0, 20.0]), cfg, RunningMoments())
     assert scores.tolist() == pytest.approx([-1.0, 0.0, 1.0])
 
@@ -117,13 +117,13 @@ def test_explained_variance_is_one_for_a_perfect_critic_and_zero_for_the_mean():
 
 def _history(rm: list[float], gold: list[float], kl: float = 1.0, entropy: float = 1.0):
     return [
-        (i, {"rm_reward": r, "gold_reward": g, "kl": kl, "entropy": entropy})
+        (i, {"reward": r, "gold_reward": g, "kl": kl, "entropy": entropy})
         for i, (r, g) in enumerate(zip(rm, gold, strict=True))
     ]
 
 
 def test_alarms_flag_kl_runaway_entropy_collapse_and_reward_hacking():
-    cfg = PPOConfig(kl_budget=8.0, entropy_floor=0.05)
+    cfg = RLConfig(kl_budget=8.0, entropy_floor=0.05)
     steady = _history([0.5] * 20, [0.5] * 20)
     assert alarms(steady, cfg) == []
     assert "kl_budget" in alarms(_history([0.5], [0.5], kl=9.0), cfg)[0]

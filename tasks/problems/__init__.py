@@ -1,8 +1,9 @@
 """Seeded synthetic reasoning problems with programmatic verifiers.
 
-Each problem family is a module exposing ``generate(rng, cfg) -> Example`` and
-``is_correct(example, answer_text) -> bool``; ``PROBLEMS`` maps the family name
-used in params (``task.name``) to that module.
+Each problem family is a module exposing ``generate(rng, cfg) -> Example``,
+``is_correct(example, answer_text) -> bool`` (its verifier) and ``difficulty(example) -> str``
+(a label statistics are grouped by); ``PROBLEMS`` maps the family name used in params
+(``task.name``) to that module.
 """
 
 from types import ModuleType

@@ -62,5 +62,13 @@ def generate(rng: random.Random, cfg) -> Example:
     return Example("arithmetic", f"{a}{op}{b}=", answer, format_solution(steps, answer))
 
 
+_OPERATIONS = {"+": "addition", "-": "subtraction", "*": "multiplication"}
+
+
+def difficulty(example: Example) -> str:
+    """The operation: borrows and multiplication carries make some harder than others."""
+    return _OPERATIONS[next(char for char in example.prompt[1:] if char in _OPERATIONS)]
+
+
 def is_correct(example: Example, answer_text: str) -> bool:
     return _INTEGER.fullmatch(answer_text) is not None and int(answer_text) == int(example.answer)

@@ -118,6 +118,10 @@ def generate(rng: random.Random, cfg) -> Example:
     )
 
 
+def difficulty(example: Example) -> str:
+    return f"{len(example.meta['numbers'])} numbers"
+
+
 def is_correct(example: Example, answer_text: str) -> bool:
     try:
         value, used = evaluate(answer_text)

@@ -1,0 +1,163 @@
+"""GRPO speed against TRL's GRPOTrainer, side by side: the same model, prompts, rewards, group size and batch.
+
+1. A scratch clone of this repo builds the default data, base model and cold-start SFT model
+   (``alignflow stage data / base / sft_cold``): the starting policy of both legs.
+2. alignflow: ``alignflow stage grpo`` for ``--steps`` iterations with settings TRL also has (no
+   dynamic sampling, one optimizer step per batch of prompts x group, k3 KL loss, clip-higher,
+   token-level loss, group-normalised advantages); its step times come from its own metrics.
+3. TRL: ``bench/trl_grpo.py`` in a virtual environment with TRL (made under ``.bench/`` on first
+   use, so TRL never enters the project's environment), its step times from a callback.
+4. Both final models are evaluated by alignflow's evaluator: greedy pass@1 on the held-out split.
+
+Each leg's first step (warm-up) is left out of its timing. Prints steps/s and tokens/s of both, the
+ratio (target: alignflow at least 1.5x TRL's steps/s) and pass@1 after the same number of steps.
+
+    .venv/bin/python bench/grpo_vs_trl.py [--steps N]
+"""
+
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import venv
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+TRL_ENV = REPO / ".bench" / "trl"
+TRL_PACKAGES = ["torch==2.13.0", "transformers==5.19.0", "tokenizers==0.23.3", "trl==1.16.0"]
+ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+SETTINGS = {
+    "prompts_per_step": 16,
+    "group_size": 8,
+    "max_new_tokens": 64,
+    "lr": 2e-4,
+    "warmup_steps": 5,
+    "kl_coef": 0.001,
+    "clip_low": 0.2,
+    "clip_high": 0.28,
+    "format_weight": 0.1,
+}
+
+
+def trl_python() -> Path:
+    python = TRL_ENV / "bin" / "python"
+    if not python.exists():
+        print(f"making {TRL_ENV} with {' '.join(TRL_PACKAGES)} (once)", flush=True)
+        venv.create(TRL_ENV, with_pip=True)
+        subprocess.run([python, "-m", "pip", "install", "--quiet", TRL_PACKAGES[0]], check=True)
+        subprocess.run([python, "-m", "pip", "install", "--quiet", *TRL_PACKAGES], check=True)
+    return python
+
+
+def stage(project: Path, *args: str) -> None:
+    subprocess.run(["alignflow", "stage", *args], cwd=project, env=ENV, check=True, stdout=subprocess.DEVNULL)
+
+
+def _plot(project: Path, name: str) -> list[float]:
+    path = project / "metrics/grpo/plots/metrics" / f"{name}.tsv"
+    with open(path) as handle:
+        return [float(row[name.rsplit("/", 1)[-1]]) for row in csv.DictReader(handle, delimiter="\t")]
+
+
+def alignflow_leg(project: Path, steps: int) -> tuple[list[float], list[float]]:
+    s = SETTINGS
+    overrides = {
+        "grpo.steps": steps,
+        "grpo.rollout_batch_size": s["prompts_per_step"],
+        "grpo.group_size": s["group_size"],
+        "grpo.minibatch_size": s["prompts_per_step"] * s["group_size"],
+        "grpo.epochs": 1,
+        "grpo.max_new_tokens": s["max_new_tokens"],
+        "grpo.actor_lr": s["lr"],
+        "grpo.warmup_steps": s["warmup_steps"],
+        "grpo.kl_loss": "k3",
+        "grpo.kl_coef": s["kl_coef"],
+        "grpo.clip_low": s["clip_low"],
+        "grpo.clip_high": s["clip_high"],
+        "grpo.policy_loss": "token_mean",
+        "grpo.advantage": "grpo",
+        "grpo.dynamic_sampling": "false",
+        "grpo.rewards": f"{{accuracy: 1.0, format: {s['format_weight']}}}",
+    }
+    stage(project, "grpo", *(f"{key}={value}" for key, value in overrides.items()))
+    phases = [_plot(project, f"time/{phase}") for phase in ("generate", "score", "train")]
+    seconds = [sum(parts) for parts in zip(*phases, strict=True)]
+    tokens = [length * s["prompts_per_step"] * s["group_size"] for length in _plot(project, "train/response_length")]
+    return seconds, tokens
+
+
+def trl_leg(project: Path, steps: int, output_dir: Path) -> tuple[list[float], list[float]]:
+    settings = {
+        **SETTINGS,
+        "steps": steps,
+        "seed": 0,
+        "threads": torch.get_num_threads(),
+        "model": str(project / "artifacts/sft_cold"),
+        "train_file": str(project / "artifacts/data/train.jsonl"),
+        "output_dir": str(output_dir),
+    }
+    result = output_dir.parent / "trl.json"
+    env = {**os.environ, "PYTHONPATH": str(project), "HF_HUB_OFFLINE": "1"}
+    subprocess.run(
+        [trl_python(), REPO / "bench/trl_grpo.py", json.dumps(settings), result], cwd=project, env=env, check=True
+    )
+    measured = json.loads(result.read_text())
+    tokens = [length * measured["completions_per_step"] for length in measured["mean_lengths"]]
+    return measured["step_seconds"], tokens
+
+
+def pass_at_1(project: Path, model: Path) -> float:
+    from models import load_policy, load_tokenizer
+    from tasks.config import load_params
+    from tasks.datasets import read_examples
+    from tasks.eval import evaluate
+    from tasks.rollout import HFEngine
+
+    params = load_params(project / "params.yaml")
+    engine = HFEngine(load_policy(model, torch.device("cpu")), load_tokenizer(model), params.eval.batch_size)
+    metrics, _ = evaluate(engine, read_examples(project / "artifacts/data/test.jsonl"), params.eval)
+    return metrics["pass@1"]
+
+
+def main(steps: int) -> None:
+    trl_python()
+    with tempfile.TemporaryDirectory() as scratch:
+        project = Path(scratch) / "project"
+        subprocess.run(["git", "clone", "--quiet", str(REPO), str(project)], check=True)
+        for name in ("data", "base", "sft_cold"):
+            stage(project, name)
+        start = pass_at_1(project, project / "artifacts/sft_cold")
+        legs = {
+            "alignflow": alignflow_leg(project, steps),
+            "trl": trl_leg(project, steps, Path(scratch) / "trl-model"),
+        }
+        finals = {
+            "alignflow": pass_at_1(project, project / "artifacts/grpo"),
+            "trl": pass_at_1(project, Path(scratch) / "trl-model"),
+        }
+
+    s = SETTINGS
+    print(
+        f"\nGRPO, {steps} steps of {s['prompts_per_step']} prompts x {s['group_size']} responses "
+        f"(<= {s['max_new_tokens']} tokens), one optimizer step each; timing leaves out step 1"
+    )
+    rates = {}
+    for name, (seconds, tokens) in legs.items():
+        rates[name] = (1 / statistics.mean(seconds[1:]), sum(tokens[1:]) / sum(seconds[1:]))
+        print(
+            f"  {name:<10} {rates[name][0]:6.3f} steps/s  {rates[name][1]:8.0f} tokens/s  "
+            f"pass@1 {start:.3f} -> {finals[name]:.3f}"
+        )
+    steps_ratio, tokens_ratio = (rates["alignflow"][i] / rates["trl"][i] for i in (0, 1))
+    print(f"alignflow / TRL: {steps_ratio:.2f}x steps/s, {tokens_ratio:.2f}x tokens/s (target: >= 1.5x steps/s)")
+    print(f"pass@1 after {steps} steps: alignflow {finals['alignflow']:.3f}, TRL {finals['trl']:.3f}")
+
+
+if __name__ == "__main__":
+    arguments = sys.argv[1:]
+    main(int(arguments[1]) if arguments[:1] == ["--steps"] else 30)

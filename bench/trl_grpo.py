@@ -1,0 +1,108 @@
+"""The TRL leg of bench/grpo_vs_trl.py: TRL's GRPOTrainer on the same model, prompts, rewards and batch.
+
+Runs in a virtual environment of its own that has TRL (the bench creates it); reads its
+settings as JSON from argv[1] and writes the measured step times and token counts as JSON to
+argv[2]. The rewards are alignflow's verifiers (``tasks.problems``, on PYTHONPATH), weighted as
+in the alignflow leg: accuracy and format.
+"""
+
+import json
+import sys
+import time
+
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+from tasks.problems import Example, score_response
+
+
+def _example(prompts: list[str], rows: dict, index: int) -> Example:
+    return Example(rows["task"][index], prompts[index], rows["answer"][index], "", json.loads(rows["meta"][index]))
+
+
+def accuracy(prompts, completions, **rows) -> list[float]:
+    return [float(score_response(_example(prompts, rows, i), c)[1]) for i, c in enumerate(completions)]
+
+
+def format_reward(prompts, completions, **rows) -> list[float]:
+    return [float(score_response(_example(prompts, rows, i), c)[0]) for i, c in enumerate(completions)]
+
+
+class StepTimer(TrainerCallback):
+    """Wall time of every optimizer step (its generation included)."""
+
+    def __init__(self):
+        self.seconds: list[float] = []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.started = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.seconds.append(time.perf_counter() - self.started)
+
+
+def main(settings: dict, out: str) -> None:
+    torch.manual_seed(settings["seed"])
+    torch.set_num_threads(settings["threads"])
+    rows = [json.loads(line) for line in open(settings["train_file"])]
+    dataset = Dataset.from_list(
+        [{"prompt": r["prompt"], "answer": r["answer"], "task": r["task"], "meta": json.dumps(r["meta"])} for r in rows]
+    )
+    tokenizer = AutoTokenizer.from_pretrained(settings["model"])
+    model = AutoModelForCausalLM.from_pretrained(settings["model"], dtype=torch.float32)
+    completions = settings["prompts_per_step"] * settings["group_size"]
+    config = GRPOConfig(
+        output_dir=settings["output_dir"],
+        max_steps=settings["steps"],
+        per_device_train_batch_size=completions,  # one optimizer step per batch of prompts x group, as alignflow
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        num_iterations=1,
+        num_generations=settings["group_size"],
+        max_completion_length=settings["max_new_tokens"],
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=settings["lr"],
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=settings["warmup_steps"],
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        beta=settings["kl_coef"],
+        epsilon=settings["clip_low"],
+        epsilon_high=settings["clip_high"],
+        loss_type="dapo",
+        scale_rewards="group",
+        reward_weights=[1.0, settings["format_weight"]],
+        remove_unused_columns=False,
+        use_cpu=True,
+        bf16=False,
+        seed=settings["seed"],
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+    )
+    timer = StepTimer()
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[accuracy, format_reward],
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[timer],
+    )
+    trainer.train()
+    trainer.save_model(settings["output_dir"])
+    tokenizer.save_pretrained(settings["output_dir"])
+    lengths = [
+        entry["completions/mean_length"] for entry in trainer.state.log_history if "completions/mean_length" in entry
+    ]
+    with open(out, "w") as handle:
+        json.dump({"step_seconds": timer.seconds, "mean_lengths": lengths, "completions_per_step": completions}, handle)
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]), sys.argv[2])

@@ -1,0 +1,109 @@
+"""The R1 and R1-Zero pipelines end to end on a tiny configuration, and the rejection-sampling rules."""
+
+import json
+import subprocess
+
+import pytest
+
+from tasks.config import RejectionConfig
+from tasks.datasets import read_examples
+from tasks.problems import PROBLEMS, Example, score_response
+from tasks.rejection import accepted
+from tests.conftest import ENV, kill_at_first_checkpoint, make_project, repro, stages_run
+
+R1_STAGES = {
+    "data", "base", "sft", "preferences", "reward", "sft_cold", "grpo", "rejection@1", "sft_rs@1", "grpo_final@1",
+    "eval@base", "eval@sft", "eval@sft_cold", "eval@grpo", "eval_sft_rs@1", "eval_grpo_final@1",
+}  # fmt: skip
+# 2-digit addition: easy enough that a tiny model's samples are sometimes right, so rejection sampling keeps some
+EASY = ("task.arithmetic.digits=2", "task.arithmetic.ops=+")
+
+
+def _report(path) -> dict:
+    result = subprocess.run(["alignflow", "report", "--json"], cwd=path, env=ENV, capture_output=True, text=True)
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def r1(tmp_path_factory) -> dict:
+    path = make_project(tmp_path_factory.mktemp("r1"), EASY)
+    output = repro(path, "r1")
+    return {"path": path, "output": output, "grpo": (path / "artifacts/grpo/model.safetensors").read_bytes()}
+
+
+@pytest.mark.slow
+def test_r1_pipeline_runs_every_stage_and_reports_pass_rates_after_each_in_order(r1):
+    assert stages_run(r1["output"]) == R1_STAGES
+    report = _report(r1["path"])
+    models = ["base", "sft", "sft_cold", "grpo", "sft_rs@1", "grpo_final@1"]
+    assert [stage for stage in report if stage in models] == models
+    for model in models:
+        assert {"pass@1", "pass@k"} <= set(report[model]), model
+    grpo = report["grpo"]
+    for name in ("train/zero_variance_groups", "train/entropy", "train/rewards/accuracy", "train/kl", "time/generate"):
+        assert name in grpo, name
+    assert 0.0 <= report["rejection@1"]["acceptance_rate"] <= 1.0
+    assert "acceptance_rate/addition" in report["rejection@1"]
+
+
+@pytest.mark.slow
+def test_every_rejection_sampled_response_passes_the_verifier(r1):
+    rows = read_examples(r1["path"] / "artifacts/rejection/1/train.jsonl")
+    report = _report(r1["path"])["rejection@1"]
+    assert len(rows) == report["accepted"] + report["general"] > 0
+    assert all(score_response(row, row.solution) == (True, True) for row in rows)
+    sampled_prompts = [row.prompt for row in rows[: report["accepted"]]]
+    assert max(sampled_prompts.count(p) for p in sampled_prompts) <= 2  # rejection.max_per_prompt
+
+
+@pytest.mark.slow
+def test_grpo_killed_mid_run_resumes_to_identical_weights(r1):
+    """grpo resets its reference every 2 iterations and checkpoints every 2: the reset survives the resume."""
+    path = r1["path"]
+    checkpoints = path / ".alignflow/checkpoints/grpo"
+    kill_at_first_checkpoint(["alignflow", "stage", "grpo"], path, checkpoints)
+    resumed = subprocess.run(["alignflow", "stage", "grpo"], cwd=path, env=ENV, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "grpo: resuming from the checkpoint at step 2" in resumed.stdout + resumed.stderr
+    assert (path / "artifacts/grpo/model.safetensors").read_bytes() == r1["grpo"]
+
+
+@pytest.mark.slow
+def test_r1_zero_runs_grpo_straight_from_the_base_model(tmp_path):
+    path = make_project(tmp_path, EASY)
+    output = repro(path, "r1_zero")
+    assert stages_run(output) == {"data", "base", "grpo_zero", "eval@base", "eval@grpo_zero"}
+    report = _report(path)
+    assert [stage for stage in report if stage in ("base", "grpo_zero")] == ["base", "grpo_zero"]
+    assert {"pass@1", "pass@k"} <= set(report["grpo_zero"])
+
+
+EXAMPLE = Example("arithmetic", "12+30=", "42", "<think>2+0+0=2,1+3+0=4</think><answer>42</answer>")
+
+
+def test_rejection_keeps_distinct_verified_responses_up_to_the_cap():
+    wrong = "<think>2+0+0=2,1+3+0=5</think><answer>52</answer>"
+    longer = "<think>2+0+0=2, 1+3+0=4</think><answer>42</answer>"
+    responses = [wrong, EXAMPLE.solution, EXAMPLE.solution, "", longer, EXAMPLE.solution.replace("42<", "042<")]
+    kept = accepted(EXAMPLE, responses, RejectionConfig(max_per_prompt=2))
+    assert kept == [EXAMPLE.solution, longer]
+    assert accepted(EXAMPLE, responses, RejectionConfig(max_per_prompt=5)) == [
+        EXAMPLE.solution,
+        longer,
+        EXAMPLE.solution.replace("42<", "042<"),
+    ]
+
+
+def test_rejection_ranks_by_the_reward_model_when_a_task_has_no_verifier(monkeypatch):
+    class Unverifiable:
+        is_correct = None
+
+    monkeypatch.setitem(PROBLEMS, "essay", Unverifiable)
+    example = Example("essay", "Write:", "", "")
+    responses = ["short", "a longer answer", "the longest answer of all", "short"]
+
+    def by_length(_, texts: list[str]) -> list[float]:  # a stand-in reward model
+        return [float(len(t)) for t in texts]
+
+    kept = accepted(example, responses, RejectionConfig(top_by_reward_model=2, max_per_prompt=4), rank=by_length)
+    assert kept == ["a longer answer", "the longest answer of all"]

@@ -1,0 +1,127 @@
+"""Reward functions: the built-in verifiers, and functions of your own that raise, hang or misbehave."""
+
+import pytest
+
+from tasks.problems import Example
+from tasks.rewards import RewardInputs, RewardScorer, resolve
+
+EXAMPLE = Example("arithmetic", "12+30=", "42", "<think>2+0+0=2,1+3+0=4</think><answer>42</answer>")
+RESPONSES = [EXAMPLE.solution, "<think>2+0+0=2,1+3+0=5</think><answer>52</answer>", "42", "<think>"]
+
+USER_MODULE = """
+import time
+
+def first_char_is_digit(batch):
+    return [float(r[:1].isdigit()) for r in batch.responses]
+
+def raises_on_digits(batch):
+    if any(r[:1].isdigit() for r in batch.responses):
+        raise RuntimeError("no digits please")
+    return [1.0] * len(batch.responses)
+
+def always_raises(batch):
+    raise ValueError("broken")
+
+def hangs(batch):
+    time.sleep(60)
+
+def wrong_length(batch):
+    return []
+
+def not_a_number(batch):
+    return [float("nan")] * len(batch.responses)
+"""
+
+
+def _batch(num_tokens=(30, 35, 2, 40), truncated=(False, False, False, True)) -> RewardInputs:
+    return RewardInputs(
+        [EXAMPLE] * len(RESPONSES), RESPONSES, list(num_tokens), list(truncated), max_new_tokens=40, overlong_buffer=10
+    )
+
+
+@pytest.fixture
+def user_rewards(tmp_path, monkeypatch):
+    """A module of reward functions in the project directory, as a user would write it."""
+    (tmp_path / "my_rewards.py").write_text(USER_MODULE)
+    monkeypatch.chdir(tmp_path)
+    return "my_rewards"
+
+
+def test_built_in_rewards_score_correctness_format_length_and_overlong():
+    batch = _batch()
+    scorer = RewardScorer({"accuracy": 1.0, "format": 1.0, "length": 1.0, "overlong": 1.0}, timeout_seconds=60)
+    try:
+        total, parts, failures = scorer.score(batch)
+    finally:
+        scorer.close()
+    assert parts["accuracy"].tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert parts["format"].tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert parts["length"].tolist() == pytest.approx([0.25, 0.125, 0.95, 0.0])
+    assert parts["overlong"].tolist() == pytest.approx([0.0, -0.5, 0.0, -1.0])
+    assert total.tolist() == pytest.approx([sum(p[i].item() for p in parts.values()) for i in range(4)])
+    assert set(failures.values()) == {0}
+
+
+def test_weights_combine_the_rewards():
+    scorer = RewardScorer({"accuracy": 2.0, "format": -0.5}, timeout_seconds=60)
+    try:
+        total, _, _ = scorer.score(_batch())
+    finally:
+        scorer.close()
+    assert total.tolist() == pytest.approx([1.5, -0.5, 0.0, 0.0])
+
+
+def test_a_function_of_your_own_is_named_by_its_import_path(user_rewards):
+    scorer = RewardScorer({f"{user_rewards}:first_char_is_digit": 1.0}, timeout_seconds=60)
+    try:
+        total, _, _ = scorer.score(_batch())
+    finally:
+        scorer.close()
+    assert total.tolist() == [0.0, 0.0, 1.0, 0.0]
+
+
+def test_a_reward_that_raises_on_some_responses_scores_them_zero_and_counts_them(user_rewards):
+    name = f"{user_rewards}:raises_on_digits"
+    scorer = RewardScorer({name: 1.0, "format": 1.0}, timeout_seconds=60)
+    try:
+        total, parts, failures = scorer.score(_batch())
+    finally:
+        scorer.close()
+    assert parts[name].tolist() == [1.0, 1.0, 0.0, 1.0]  # only the response starting with a digit failed
+    assert failures[f"errors/{name}"] == 1
+    assert parts["format"].tolist() == [1.0, 1.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("function", ["always_raises", "wrong_length", "not_a_number"])
+def test_a_broken_reward_is_counted_not_fatal(user_rewards, function):
+    name = f"{user_rewards}:{function}"
+    scorer = RewardScorer({name: 1.0, "accuracy": 1.0}, timeout_seconds=60)
+    try:
+        total, _, failures = scorer.score(_batch())
+    finally:
+        scorer.close()
+    assert failures[f"errors/{name}"] == len(RESPONSES)
+    assert total.tolist() == [1.0, 0.0, 0.0, 0.0]  # accuracy alone
+
+
+def test_a_reward_over_its_time_budget_scores_zero_and_the_next_batch_is_scored_afresh(user_rewards):
+    name = f"{user_rewards}:hangs"
+    scorer = RewardScorer({name: 1.0, "accuracy": 1.0}, timeout_seconds=1.0)
+    try:
+        total, _, failures = scorer.score(_batch())
+        assert failures[f"timeouts/{name}"] == len(RESPONSES)
+        assert total.tolist() == [1.0, 0.0, 0.0, 0.0]
+        total, _, failures = scorer.score(_batch())  # a fresh process, the same verdict
+        assert failures[f"timeouts/{name}"] == len(RESPONSES) and total.tolist() == [1.0, 0.0, 0.0, 0.0]
+    finally:
+        scorer.close()
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [("bogus", "neither a built-in"), ("no_such_module:f", "cannot be imported"), ("my_rewards:missing", "cannot")],
+)
+def test_a_reward_that_cannot_be_found_is_named_before_anything_runs(user_rewards, name, message):
+    with pytest.raises(ValueError, match=message) as error:
+        resolve(name)
+    assert name in str(error.value)
