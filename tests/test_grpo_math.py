@@ -61,9 +61,9 @@ def test_grpo_advantages_are_invariant_to_an_affine_reward_transform(seed, scale
     rows = torch.arange(len(lengths))
     transformed[rows, lengths - 1] = scale * token_rewards[rows, lengths - 1] + shift
     original = _sequence_advantages("grpo", token_rewards, mask, 4)
-    # (r − μ)/(σ + ε) becomes (r − μ)/(σ + ε/a): off by at most ε/(a·σ) relative, for the smallest group std σ
+    # (r − μ)/(σ + ε) becomes (r − μ)/(σ + ε/a): off by at most |1 − 1/a|·ε/σ relative, σ the smallest group std
     smallest_std = (token_rewards * mask).sum(-1).view(-1, 4).std(1, unbiased=False).min().item()
-    tolerance = 10 * GROUP_STD_EPS / (scale * smallest_std) * original.abs().max().item() + 1e-9
+    tolerance = 10 * GROUP_STD_EPS * abs(1 - 1 / scale) / smallest_std * original.abs().max().item() + 1e-9
     assert torch.allclose(_sequence_advantages("grpo", transformed, mask, 4), original, atol=tolerance)
 
 
