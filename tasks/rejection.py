@@ -92,5 +92,7 @@ def run(params: Params, round_name: str) -> None:
         if sampled:
             live.log_metric("acceptance_rate", round(sum(verified.values()) / sum(sampled.values()), 6), plot=False)
         for label in sorted(sampled):
-            live.log_metric(f"acceptance_rate/{label}", round(verified[label] / sampled[label], 6), plot=False)
+            live.log_metric(
+                f"acceptance_rate_by_difficulty/{label}", round(verified[label] / sampled[label], 6), plot=False
+            )
     print(f"{stage}: kept {len(kept)} accepted responses + {len(general)} general rows", flush=True)
