@@ -126,13 +126,15 @@ def watched(commands: list[list[str]], cwd: Path, env: dict, infrastructure: lis
     leg = Leg()
     start = time.perf_counter()
     for command in commands:
-        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        watcher = _Watcher([psutil.Process(process.pid), *infrastructure], leg)
-        watcher.start()
-        if process.wait() != 0:
-            raise RuntimeError(f"{' '.join(command)} failed in {cwd}")
-        watcher.done.set()
-        watcher.join()
+        with tempfile.TemporaryFile("w+") as output:
+            process = subprocess.Popen(command, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT)
+            watcher = _Watcher([psutil.Process(process.pid), *infrastructure], leg)
+            watcher.start()
+            if process.wait() != 0:
+                output.seek(0)
+                raise RuntimeError(f"{' '.join(command)} failed in {cwd}:\n{output.read()[-3000:]}")
+            watcher.done.set()
+            watcher.join()
     leg.wall = time.perf_counter() - start
     return leg
 
