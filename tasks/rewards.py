@@ -213,3 +213,9 @@ class RewardScorer:
         if self._process is not None:
             self._process.kill()
             self._process = None
+
+    def __enter__(self) -> "RewardScorer":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

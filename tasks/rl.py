@@ -324,47 +324,44 @@ def train(params: Params, cfg: RLConfig, stage: str, init_dir: Path, train_file:
         print(f"{stage}: resuming from the checkpoint at step {state.step} ({checkpointer.path})", flush=True)
     reference_reset = checkpoint["reference"] if checkpoint is not None else None
 
-    try:
-        with atomic_output(model_dir(stage)) as out, stage_live(stage) as live:
-            for logged_step, metrics in state.history:
-                log_step(live, logged_step, metrics)
-            progress = tqdm(range(state.step, cfg.steps), desc=stage, initial=state.step, total=cfg.steps)
-            raised: set[str] = set()
-            for step in progress:
-                clock = dict.fromkeys(("time/generate", "time/score", "time/train"), 0.0)
-                rollout, metrics = collect(roles, scorer, examples, cfg, state, params.seed, clock)
-                if rollout is not None:
-                    metrics |= rollout_metrics(rollout) | learn(roles, rollout, tokenizer, cfg, state, clock)
-                if cfg.kl_target is not None and "kl" in metrics:
-                    state.kl_coef = adaptive_kl_coef(
-                        state.kl_coef, metrics["kl"], cfg.kl_target, cfg.kl_horizon, len(rollout.scores)
-                    )
-                state.step = step + 1
-                if cfg.ref_reset_every and state.step % cfg.ref_reset_every == 0:
-                    reference_reset = roles["actor"].call("weights").result()
-                    roles["reference"].call("load_weights", reference_reset).result()
-                # Wall-clock times vary run to run: log them, but keep them out of the resumable history.
-                logged = {name: float(f"{value:.6g}") for name, value in metrics.items()}
-                state.history.append((state.step, logged))
-                log_step(live, state.step, logged)
-                log_step(live, state.step, {name: round(seconds, 4) for name, seconds in clock.items()}, prefix="")
-                progress.set_postfix(reward=logged.get("reward"), gold=logged.get("gold_reward"))
-                if rollout is not None:
-                    for alarm in alarms(state.history, cfg):
-                        if alarm.split()[0] not in raised:
-                            progress.write(f"WARNING {stage} step {state.step}: {alarm}")
-                        raised.add(alarm.split()[0])
-                if state.step % cfg.save_every == 0 and state.step < cfg.steps:
-                    checkpointer.save(_checkpoint(roles, state, reference_reset))
-            final = _latest(state.history)
-            for name in ("reward", "gold_reward", "accuracy", "kl", "kl_coef", "entropy"):
-                if name in final:
-                    live.summary[name] = final[name]
-            live.summary["kl_budget"] = cfg.kl_budget
-            live.make_summary()
-            roles["actor"].call("save", out, init_dir).result()
-    finally:
-        scorer.close()
+    with scorer, atomic_output(model_dir(stage)) as out, stage_live(stage) as live:
+        for logged_step, metrics in state.history:
+            log_step(live, logged_step, metrics)
+        progress = tqdm(range(state.step, cfg.steps), desc=stage, initial=state.step, total=cfg.steps)
+        raised: set[str] = set()
+        for step in progress:
+            clock = dict.fromkeys(("time/generate", "time/score", "time/train"), 0.0)
+            rollout, metrics = collect(roles, scorer, examples, cfg, state, params.seed, clock)
+            if rollout is not None:
+                metrics |= rollout_metrics(rollout) | learn(roles, rollout, tokenizer, cfg, state, clock)
+            if cfg.kl_target is not None and "kl" in metrics:
+                state.kl_coef = adaptive_kl_coef(
+                    state.kl_coef, metrics["kl"], cfg.kl_target, cfg.kl_horizon, len(rollout.scores)
+                )
+            state.step = step + 1
+            if cfg.ref_reset_every and state.step % cfg.ref_reset_every == 0:
+                reference_reset = roles["actor"].call("weights").result()
+                roles["reference"].call("load_weights", reference_reset).result()
+            # Wall-clock times vary run to run: log them, but keep them out of the resumable history.
+            logged = {name: float(f"{value:.6g}") for name, value in metrics.items()}
+            state.history.append((state.step, logged))
+            log_step(live, state.step, logged)
+            log_step(live, state.step, {name: round(seconds, 4) for name, seconds in clock.items()}, prefix="")
+            progress.set_postfix(reward=logged.get("reward"), gold=logged.get("gold_reward"))
+            if rollout is not None:
+                for alarm in alarms(state.history, cfg):
+                    if alarm.split()[0] not in raised:
+                        progress.write(f"WARNING {stage} step {state.step}: {alarm}")
+                    raised.add(alarm.split()[0])
+            if state.step % cfg.save_every == 0 and state.step < cfg.steps:
+                checkpointer.save(_checkpoint(roles, state, reference_reset))
+        final = _latest(state.history)
+        for name in ("reward", "gold_reward", "accuracy", "kl", "kl_coef", "entropy"):
+            if name in final:
+                live.summary[name] = final[name]
+        live.summary["kl_budget"] = cfg.kl_budget
+        live.make_summary()
+        roles["actor"].call("save", out, init_dir).result()
     checkpointer.clear()
 
 

@@ -118,6 +118,16 @@ def kill_at_first_checkpoint(command: list[str], cwd: Path, checkpoints: Path) -
     assert list(checkpoints.glob("*/latest.pt")), "no checkpoint was written before the deadline"
 
 
+def resume_after_kill(stage: str, project: Path) -> str:
+    """Kill ``alignflow stage <stage>`` at its first checkpoint, run it again to the end; the rerun's output."""
+    checkpoints = project / ".alignflow/checkpoints" / stage
+    kill_at_first_checkpoint(["alignflow", "stage", stage], project, checkpoints)
+    resumed = subprocess.run(["alignflow", "stage", stage], cwd=project, env=ENV, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert not checkpoints.exists(), "a finished stage leaves no checkpoint behind"
+    return resumed.stdout + resumed.stderr
+
+
 def tiny_model(path: Path) -> Path:
     """A tiny random Llama and the character tokenizer saved in HF format at ``path``."""
     from models import build_char_tokenizer, build_tiny_llama

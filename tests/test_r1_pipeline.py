@@ -9,7 +9,7 @@ from tasks.config import RejectionConfig
 from tasks.datasets import read_examples
 from tasks.problems import PROBLEMS, Example, score_response
 from tasks.rejection import accepted
-from tests.conftest import ENV, kill_at_first_checkpoint, make_project, repro, stages_run
+from tests.conftest import ENV, make_project, repro, resume_after_kill, stages_run
 
 R1_STAGES = {
     "data", "base", "sft", "preferences", "reward", "sft_cold", "grpo", "rejection@1", "sft_rs@1", "grpo_final@1",
@@ -67,13 +67,8 @@ def test_every_rejection_sampled_response_passes_the_verifier(r1):
 @pytest.mark.slow
 def test_grpo_killed_mid_run_resumes_to_identical_weights(r1):
     """grpo resets its reference every 2 iterations and checkpoints every 2: the reset survives the resume."""
-    path = r1["path"]
-    checkpoints = path / ".alignflow/checkpoints/grpo"
-    kill_at_first_checkpoint(["alignflow", "stage", "grpo"], path, checkpoints)
-    resumed = subprocess.run(["alignflow", "stage", "grpo"], cwd=path, env=ENV, capture_output=True, text=True)
-    assert resumed.returncode == 0, resumed.stderr
-    assert "grpo: resuming from the checkpoint at step 2" in resumed.stdout + resumed.stderr
-    assert (path / "artifacts/grpo/model.safetensors").read_bytes() == r1["grpo"]
+    assert "grpo: resuming from the checkpoint at step 2" in resume_after_kill("grpo", r1["path"])
+    assert (r1["path"] / "artifacts/grpo/model.safetensors").read_bytes() == r1["grpo"]
 
 
 @pytest.mark.slow

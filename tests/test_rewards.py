@@ -49,11 +49,8 @@ def user_rewards(tmp_path, monkeypatch):
 
 def test_built_in_rewards_score_correctness_format_length_and_overlong():
     batch = _batch()
-    scorer = RewardScorer({"accuracy": 1.0, "format": 1.0, "length": 1.0, "overlong": 1.0}, timeout_seconds=60)
-    try:
+    with RewardScorer({"accuracy": 1.0, "format": 1.0, "length": 1.0, "overlong": 1.0}, timeout_seconds=60) as scorer:
         total, parts, failures = scorer.score(batch)
-    finally:
-        scorer.close()
     assert parts["accuracy"].tolist() == [1.0, 0.0, 0.0, 0.0]
     assert parts["format"].tolist() == [1.0, 1.0, 0.0, 0.0]
     assert parts["length"].tolist() == pytest.approx([0.25, 0.125, 0.95, 0.0])
@@ -63,30 +60,21 @@ def test_built_in_rewards_score_correctness_format_length_and_overlong():
 
 
 def test_weights_combine_the_rewards():
-    scorer = RewardScorer({"accuracy": 2.0, "format": -0.5}, timeout_seconds=60)
-    try:
+    with RewardScorer({"accuracy": 2.0, "format": -0.5}, timeout_seconds=60) as scorer:
         total, _, _ = scorer.score(_batch())
-    finally:
-        scorer.close()
     assert total.tolist() == pytest.approx([1.5, -0.5, 0.0, 0.0])
 
 
 def test_a_function_of_your_own_is_named_by_its_import_path(user_rewards):
-    scorer = RewardScorer({f"{user_rewards}:first_char_is_digit": 1.0}, timeout_seconds=60)
-    try:
+    with RewardScorer({f"{user_rewards}:first_char_is_digit": 1.0}, timeout_seconds=60) as scorer:
         total, _, _ = scorer.score(_batch())
-    finally:
-        scorer.close()
     assert total.tolist() == [0.0, 0.0, 1.0, 0.0]
 
 
 def test_a_reward_that_raises_on_some_responses_scores_them_zero_and_counts_them(user_rewards):
     name = f"{user_rewards}:raises_on_digits"
-    scorer = RewardScorer({name: 1.0, "format": 1.0}, timeout_seconds=60)
-    try:
+    with RewardScorer({name: 1.0, "format": 1.0}, timeout_seconds=60) as scorer:
         total, parts, failures = scorer.score(_batch())
-    finally:
-        scorer.close()
     assert parts[name].tolist() == [1.0, 1.0, 0.0, 1.0]  # only the response starting with a digit failed
     assert failures[f"errors/{name}"] == 1
     assert parts["format"].tolist() == [1.0, 1.0, 0.0, 0.0]
@@ -95,26 +83,20 @@ def test_a_reward_that_raises_on_some_responses_scores_them_zero_and_counts_them
 @pytest.mark.parametrize("function", ["always_raises", "wrong_length", "not_a_number"])
 def test_a_broken_reward_is_counted_not_fatal(user_rewards, function):
     name = f"{user_rewards}:{function}"
-    scorer = RewardScorer({name: 1.0, "accuracy": 1.0}, timeout_seconds=60)
-    try:
+    with RewardScorer({name: 1.0, "accuracy": 1.0}, timeout_seconds=60) as scorer:
         total, _, failures = scorer.score(_batch())
-    finally:
-        scorer.close()
     assert failures[f"errors/{name}"] == len(RESPONSES)
     assert total.tolist() == [1.0, 0.0, 0.0, 0.0]  # accuracy alone
 
 
 def test_a_reward_over_its_time_budget_scores_zero_and_the_next_batch_is_scored_afresh(user_rewards):
     name = f"{user_rewards}:hangs"
-    scorer = RewardScorer({name: 1.0, "accuracy": 1.0}, timeout_seconds=1.0)
-    try:
+    with RewardScorer({name: 1.0, "accuracy": 1.0}, timeout_seconds=1.0) as scorer:
         total, _, failures = scorer.score(_batch())
         assert failures[f"timeouts/{name}"] == len(RESPONSES)
         assert total.tolist() == [1.0, 0.0, 0.0, 0.0]
         total, _, failures = scorer.score(_batch())  # a fresh process, the same verdict
         assert failures[f"timeouts/{name}"] == len(RESPONSES) and total.tolist() == [1.0, 0.0, 0.0, 0.0]
-    finally:
-        scorer.close()
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from tasks.reward import member_dirs
 from tasks.rewards import RewardScorer
 from tasks.rl import LoopState, Rollout, learn, needed_roles, score
 from tasks.workers import place
-from tests.conftest import ENV, kill_at_first_checkpoint, make_project, repro, stages_run
+from tests.conftest import ENV, make_project, repro, resume_after_kill, stages_run
 
 pytestmark = pytest.mark.slow
 
@@ -64,11 +64,11 @@ def _frozen_and_moved(path, overrides: list[str], monkeypatch) -> None:
     reward = roles["reward"].call("weights").result()
     actor = {name: t.clone() for name, t in roles["actor"].call("state").result()["model"].items()}
     examples, tokenizer = read_examples(DATA_DIR / "train.jsonl")[:16], load_tokenizer(model_dir("sft"))
-    state, scorer = LoopState(kl_coef=cfg.kl_coef), RewardScorer(cfg.rewards, cfg.reward_timeout_seconds)
-    clock = dict.fromkeys(("time/generate", "time/score", "time/train"), 0.0)
-    for _ in range(3):  # the first update runs at the warm-up's zero learning rate
-        rollout: Rollout = score(roles, scorer, examples, cfg, clock)
-        metrics = learn(roles, rollout, tokenizer, cfg, state, clock)
+    state, clock = LoopState(kl_coef=cfg.kl_coef), dict.fromkeys(("time/generate", "time/score", "time/train"), 0.0)
+    with RewardScorer(cfg.rewards, cfg.reward_timeout_seconds) as scorer:
+        for _ in range(3):  # the first update runs at the warm-up's zero learning rate
+            rollout: Rollout = score(roles, scorer, examples, cfg, clock)
+            metrics = learn(roles, rollout, tokenizer, cfg, state, clock)
     assert metrics["kl"] != 0.0, "after an update the actor must differ from the reference"
     after_reference = roles["reference"].call("weights").result()
     after_reward = roles["reward"].call("weights").result()
@@ -92,12 +92,5 @@ def test_ppo_roles_run_as_ray_actors_when_not_colocated(rlhf, monkeypatch):
 
 
 def test_ppo_killed_mid_run_resumes_to_identical_weights(rlhf):
-    path = rlhf["path"]
-    checkpoints = path / ".alignflow/checkpoints/ppo"
-    kill_at_first_checkpoint(["alignflow", "stage", "ppo"], path, checkpoints)
-
-    resumed = subprocess.run(["alignflow", "stage", "ppo"], cwd=path, env=ENV, capture_output=True, text=True)
-    assert resumed.returncode == 0, resumed.stderr
-    assert "ppo: resuming from the checkpoint at step 2" in resumed.stdout + resumed.stderr
-    assert (path / "artifacts/ppo/model.safetensors").read_bytes() == rlhf["weights"]
-    assert not checkpoints.exists()
+    assert "ppo: resuming from the checkpoint at step 2" in resume_after_kill("ppo", rlhf["path"])
+    assert (rlhf["path"] / "artifacts/ppo/model.safetensors").read_bytes() == rlhf["weights"]
