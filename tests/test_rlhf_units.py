@@ -8,15 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models import load_policy, load_tokenizer
-from tasks.config import RLConfig
-from tasks.core_algos import adaptive_kl_coef, explained_variance
+from tasks.config import RLConfig, load_params
+from tasks.core_algos import POLICY_LOSSES, adaptive_kl_coef, explained_variance
 from tasks.judge import gold_utility, prefers_first
 from tasks.problems import Example
 from tasks.rl import RunningMoments, alarms, prepare_scores
 from tasks.rollout import HFEngine, Sampling
 from tasks.sequences import pack, pack_text
-from tasks.workers import response_logprobs
-from tests.conftest import tiny_model
+from tasks.workers import ActorWorker, response_logprobs
+from tests.conftest import REPO, tiny_model
 
 CPU = torch.device("cpu")
 EXAMPLE = Example("arithmetic", "12+30=", "42", "<think>2+0+0=2,1+3+0=4</think><answer>42</answer>")
@@ -58,6 +58,29 @@ def test_a_rows_numbers_do_not_depend_on_its_batchs_padding(model_dir):
         second, _ = response_logprobs(model, padded, 1.0)
     width = int(alone.response_mask.sum())
     assert torch.allclose(first[0, :width], second[0, :width], atol=1e-5)
+
+
+@pytest.mark.parametrize("policy_loss", sorted(POLICY_LOSSES))
+def test_an_actor_update_moves_responses_toward_their_advantages(model_dir, policy_loss):
+    """The trainer's sign and bookkeeping end to end, for every registered loss: after one update on sampled
+    responses, those with a positive advantage gain log-probability relative to those with a negative one.
+    A flipped sign, or advantages landing on the wrong rows or tokens, fails this."""
+    overrides = ["actor_lr=0.003", "warmup_steps=0", "group_size=4", "minibatch_size=16", "epochs=1", "kl_loss=none"]
+    params = load_params(REPO / "params.yaml", [f"grpo.{o}" for o in overrides] + [f"grpo.policy_loss={policy_loss}"])
+    torch.manual_seed(0)
+    actor, tokenizer = ActorWorker(params, params.grpo, model_dir), load_tokenizer(model_dir)
+    prompts = ["12+30=", "98-7=", "123*4=", "5+5="]
+    completions = actor.engine.generate(prompts, Sampling(12, n=4, temperature=1.0))
+    batch = pack(
+        [tokenizer(prompts[c.prompt_index])["input_ids"] for c in completions],
+        [c.token_ids for c in completions],
+        tokenizer.pad_token_id,
+    )
+    sign = torch.tensor([1.0, -1.0] * 8)  # half of each group above its mean, half below
+    before = actor.logprobs(batch)
+    actor.update(batch, before, sign[:, None] * batch.response_mask, None, 0.0)
+    moved = ((actor.logprobs(batch) - before) * batch.response_mask).sum(-1)
+    assert moved[sign > 0].mean() > moved[sign < 0].mean() + 0.1, moved
 
 
 def test_gold_utility_orders_correct_then_formatted_then_concise():
