@@ -1,9 +1,24 @@
-"""Reading a pipeline's DAG from DVC's own index."""
+"""Reading a pipeline's DAG from DVC's own index, one reader at a time."""
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import networkx as nx
 from dvc.repo import Repo
+
+# DVC is not thread-safe: two threads loading dvc.yaml at once fail its validation now and then, and a
+# flow's stages finish side by side on threads of one process.
+_ONE_AT_A_TIME = threading.Lock()
+
+
+@contextmanager
+def open_repo(root: str | Path) -> Iterator[Repo]:
+    """DVC's ``Repo`` of the project at ``root``, opened while no other thread of this process has one open."""
+    with _ONE_AT_A_TIME, Repo(str(root)) as repo:
+        yield repo
 
 
 def dependencies_first(repo: Repo) -> list[Any]:

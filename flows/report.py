@@ -10,9 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dvc.repo import Repo
-
-from flows.dag import dependencies_first
+from flows.dag import dependencies_first, open_repo
 
 _EVALUATION = re.compile(r"alignflow stage eval@(\S+)")
 
@@ -38,7 +36,7 @@ def _metrics_of(stage: Any) -> dict[str, Any]:
 
 def stage_metrics(root: str | Path, name: str) -> dict[str, Any]:
     """The flat metrics one stage wrote ({} if none yet)."""
-    with Repo(str(root)) as repo:
+    with open_repo(root) as repo:
         (stage,) = repo.stage.collect(f"{Path(root) / 'dvc.yaml'}:{name}")
         return _metrics_of(stage)
 
@@ -52,7 +50,7 @@ def _owner(stage: Any) -> str:
 def collect(root: str | Path = ".") -> dict[str, dict[str, Any]]:
     """{stage: {metric: value}} for every stage whose metrics exist, in pipeline order."""
     report: dict[str, dict[str, Any]] = {}
-    with Repo(str(root)) as repo:
+    with open_repo(root) as repo:
         for stage in dependencies_first(repo):
             metrics = _metrics_of(stage)
             if metrics:

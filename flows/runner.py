@@ -7,7 +7,7 @@ params give its kind; when it succeeds, ``dvc commit`` records it in ``dvc.lock`
 exactly as ``dvc repro`` would. Only paths cross process boundaries.
 
 Independent stages run at the same time (Ray places them within the resources
-they reserve); DVC's bookkeeping is serialised by one lock in this process.
+they reserve); DVC's bookkeeping runs one call at a time (``flows.dag.open_repo``).
 """
 
 import ctypes
@@ -27,11 +27,10 @@ import ray
 from dvc.repo import Repo
 from dvc.stage.exceptions import StageNotFound
 
-from flows.dag import dependencies_first
+from flows.dag import dependencies_first, open_repo
 from tasks.config import RunnerConfig, StageResources
 
 LOGS = Path(".alignflow") / "logs"
-_DVC = threading.Lock()
 # Set when the flow is interrupted (Ctrl-C, or Prefect cancelling the run): every stage waiting on
 # Ray cancels its task, which kills the stage's process.
 _INTERRUPTED = threading.Event()
@@ -49,7 +48,7 @@ class StageSpec:
 
 def read_dag(project: Path, targets: tuple[str, ...]) -> list[StageSpec]:
     """The stages ``targets`` need (themselves and everything upstream), in dependency order."""
-    with _DVC, Repo(str(project)) as repo:
+    with open_repo(project) as repo:
         graph = repo.index.graph  # edges point from a stage to the stages it depends on
         by_name = {stage.name: stage for stage in graph}
         finals = [by_name[stage.name] for target in targets for stage in _collect(repo, project, target)]
@@ -79,20 +78,20 @@ def _target(project: Path, stage: str) -> str:
 
 
 def is_up_to_date(project: Path, stage: str) -> bool:
-    with _DVC, Repo(str(project)) as repo:
+    with open_repo(project) as repo:
         return not repo.status(targets=[_target(project, stage)])
 
 
 def record(project: Path, stage: str) -> dict[str, str]:
     """``dvc commit`` the stage (hash outputs, cache them, write dvc.lock); return {output: md5}."""
-    with _DVC, Repo(str(project)) as repo:
+    with open_repo(project) as repo:
         (committed,) = repo.commit(_target(project, stage), force=True)
         return {out.def_path: out.hash_info.value for out in committed.outs}
 
 
 def outputs(project: Path, stage: str) -> dict[str, str]:
     """{output: md5} of an up-to-date stage, as dvc.lock records them."""
-    with _DVC, Repo(str(project)) as repo:
+    with open_repo(project) as repo:
         (found,) = repo.stage.collect(_target(project, stage))
         return {out.def_path: out.hash_info.value for out in found.outs}
 

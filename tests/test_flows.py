@@ -4,6 +4,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -13,6 +14,8 @@ import psutil
 import pytest
 
 from flows.local_server import local_prefect_server
+from flows.report import stage_metrics
+from flows.runner import is_up_to_date, outputs
 from tests.conftest import ENV, lock_entries, make_project
 
 pytestmark = pytest.mark.slow
@@ -182,3 +185,26 @@ def test_stage_killed_mid_run_resumes_from_its_checkpoint_on_the_next_run(uninte
     assert result.returncode == 0, output
     assert "sft: resuming from the checkpoint at step" in output
     assert (project / "artifacts/sft/model.safetensors").read_bytes() == uninterrupted["weights"]
+
+
+def test_the_flows_dvc_reads_are_safe_on_threads_side_by_side(tmp_path):
+    """Stages that finish together read DVC from several threads of the flow's process; DVC is not
+    thread-safe (two loads of dvc.yaml at once fail its validation now and then), so they take turns."""
+    project = make_project(tmp_path)
+    errors = []
+
+    def read(stage: str) -> None:
+        for _ in range(10):
+            try:
+                is_up_to_date(project, stage)
+                outputs(project, stage)
+                stage_metrics(project, stage)
+            except Exception as error:
+                errors.append(error)
+
+    threads = [threading.Thread(target=read, args=(stage,)) for stage in ("data", "base", "sft", "ppo")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors[:3]
