@@ -38,6 +38,7 @@ from tasks.cluster import connect_ray, release_ray
 from tasks.config import RunnerConfig, load_params
 
 RUN_LOCK = Path(".alignflow") / "run.lock"
+_POLL_SECONDS = 0.5
 
 
 @task(task_run_name="{stage.name}")
@@ -99,6 +100,10 @@ def run_pipeline(name: str, overrides: list[str], project: Path) -> dict[str, di
             futures[stage.name] = stage_task.submit(project, stage, params.runner, wait_for=upstream)
         try:
             for future in futures.values():
+                # Wait in short polls: Ctrl-C reaches a blocked main thread only when the kernel delivers the
+                # signal to that thread, and with Prefect's and Ray's threads around it often picks another.
+                while not future.wrapped_future.done():
+                    future.wait(timeout=_POLL_SECONDS)
                 future.result()
         except BaseException:
             interrupt_run()
