@@ -1,0 +1,117 @@
+"""GRPO's learning signal against the noise of its updates, side by side from one cold start.
+
+Three legs run the RL trainer's own ``collect`` and ``learn`` (``tasks/rl.py``) with ``params.grpo``,
+from the same cold-start model, on the same prompts; only the advantages differ:
+
+  grpo      the configured estimator's advantages, as the ``grpo`` stage computes them;
+  noise     random ±1 per response, the same scale: what the updates' noise alone does to the model;
+  positive  the configured advantages with the negative ones set to 0 (online rejection-sampling fine-tuning).
+
+Greedy pass@1 on the held-out split is printed every ``--every`` iterations. ``grpo`` minus ``noise`` is
+what the reward teaches; the fall of ``noise`` is what the optimizer's noise costs at this learning rate.
+A scratch clone of this repo builds data, base and sft_cold first (params overrides apply to every stage).
+
+    .venv/bin/python bench/grpo_signal.py [--iterations N] [--every K] [KEY=VALUE ...]   # e.g. grpo.actor_lr=1e-5
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from models import load_tokenizer
+from tasks import rl
+from tasks.config import Params, load_params
+from tasks.core_algos import ADVANTAGE_ESTIMATORS, register_advantage
+from tasks.datasets import read_examples
+from tasks.problems import Example, score_response
+from tasks.rewards import RewardScorer
+from tasks.rollout import Sampling
+from tasks.training import make_deterministic
+from tasks.workers import Worker, place
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+LEGS = ("grpo", "noise", "positive")
+
+
+def register_bench_estimators(configured: str) -> None:
+    """The ``noise`` and ``positive`` legs' advantages, registered beside the real estimators for this process."""
+    signs = torch.Generator().manual_seed(0)  # its own stream: the legs' sampling RNG stays in step
+
+    @register_advantage("noise")
+    def noise(token_rewards, mask, group_size, **_):
+        return (torch.randint(0, 2, (len(mask),), generator=signs).float() * 2 - 1)[:, None] * mask, None
+
+    @register_advantage("positive")
+    def positive(token_rewards, mask, group_size, **kwargs):
+        advantages, _ = ADVANTAGE_ESTIMATORS[configured](token_rewards, mask, group_size, **kwargs)
+        return advantages.clamp(min=0), None
+
+
+def greedy_pass_at_1(actor: Worker, test: list[Example], max_new_tokens: int) -> float:
+    completions = actor.handle.engine.generate([e.prompt for e in test], Sampling(max_new_tokens, greedy=True))
+    return sum(score_response(test[c.prompt_index], c.text)[1] for c in completions) / len(test)
+
+
+def leg(project: Path, params: Params, advantage: str, iterations: int, every: int) -> list[float]:
+    """Greedy pass@1 at iteration 0, every, 2·every, ... of RL with ``advantage`` from sft_cold."""
+    make_deterministic(params.seed)
+    cfg = replace(params.grpo, advantage=params.grpo.advantage if advantage == "grpo" else advantage)
+    init = project / "artifacts/sft_cold"
+    examples = read_examples(project / "artifacts/data/train.jsonl")
+    test = read_examples(project / "artifacts/data/test.jsonl")
+    roles, tokenizer = place(params, cfg, init, [], rl.needed_roles(cfg)), load_tokenizer(init)
+    state = rl.LoopState(kl_coef=cfg.kl_coef)
+    curve = [greedy_pass_at_1(roles["actor"], test, cfg.max_new_tokens)]
+    with RewardScorer(cfg.rewards, cfg.reward_timeout_seconds) as scorer:
+        for iteration in tqdm(range(1, iterations + 1), desc=advantage):
+            clock = dict.fromkeys(("time/generate", "time/score", "time/train"), 0.0)
+            rollout, _ = rl.collect(roles, scorer, examples, cfg, state, params.seed, clock)
+            if rollout is not None:
+                rl.learn(roles, rollout, tokenizer, cfg, state, clock)
+            if iteration % every == 0:
+                curve.append(greedy_pass_at_1(roles["actor"], test, cfg.max_new_tokens))
+    return curve
+
+
+def main(iterations: int, every: int, overrides: list[str]) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        project = Path(scratch) / "project"
+        subprocess.run(["git", "clone", "--quiet", str(REPO), str(project)], check=True)
+        for stage in ("data", "base", "sft_cold"):
+            command = ["alignflow", "stage", stage, *overrides]
+            subprocess.run(command, cwd=project, env=ENV, check=True, stdout=subprocess.DEVNULL)
+        params = load_params(project / "params.yaml", overrides)
+        register_bench_estimators(params.grpo.advantage)
+        curves = {name: leg(project, params, name, iterations, every) for name in LEGS}
+
+    cfg = params.grpo
+    print(
+        f"\nheld-out greedy pass@1 from sft_cold: {cfg.rollout_batch_size} prompts x {cfg.group_size} per iteration, "
+        f"{cfg.advantage} advantages, {cfg.policy_loss} loss, actor_lr {cfg.actor_lr}"
+        + (f" ({' '.join(overrides)})" if overrides else "")
+    )
+    print("iteration " + "".join(f"{name:>10}" for name in LEGS))
+    for row, values in enumerate(zip(*curves.values(), strict=True)):
+        print(f"{row * every:>9} " + "".join(f"{value:>10.3f}" for value in values))
+    start, final = curves["grpo"][0], {name: curve[-1] for name, curve in curves.items()}
+    print(
+        f"after {iterations} iterations: grpo {final['grpo'] - start:+.3f}, noise {final['noise'] - start:+.3f}, "
+        f"positive {final['positive'] - start:+.3f}; what the reward teaches (grpo - noise): "
+        f"{final['grpo'] - final['noise']:+.3f}"
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--every", type=int, default=10)
+    arguments, overrides = parser.parse_known_args()
+    main(arguments.iterations, arguments.every, overrides)
