@@ -73,6 +73,14 @@ def _stage_summary(name: str, ran: bool, metrics: dict[str, Any], produced: dict
     return "\n".join(lines)
 
 
+def result_or_interrupt(future: PrefectFuture) -> Any:
+    """``future.result()``, waiting in short polls: Ctrl-C reaches a blocked main thread only when the kernel
+    delivers SIGINT to that thread, and with Prefect's and Ray's threads around it may pick another."""
+    while not future.wrapped_future.done():
+        future.wait(timeout=_POLL_SECONDS)
+    return future.result()
+
+
 def write_overrides(params_file: Path, overrides: list[str]) -> None:
     """Set ``overrides`` in params.yaml keeping its comments (DVC's own `exp run -S` editor), atomically."""
     with atomic_output(params_file) as temporary:
@@ -100,11 +108,7 @@ def run_pipeline(name: str, overrides: list[str], project: Path) -> dict[str, di
             futures[stage.name] = stage_task.submit(project, stage, params.runner, wait_for=upstream)
         try:
             for future in futures.values():
-                # Wait in short polls: Ctrl-C reaches a blocked main thread only when the kernel delivers the
-                # signal to that thread, and with Prefect's and Ray's threads around it often picks another.
-                while not future.wrapped_future.done():
-                    future.wait(timeout=_POLL_SECONDS)
-                future.result()
+                result_or_interrupt(future)
         except BaseException:
             interrupt_run()
             wait(list(futures.values()), timeout=CANCEL_SECONDS)  # the stages stop their Ray work

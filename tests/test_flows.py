@@ -1,5 +1,6 @@
 """The DAG as Prefect flows on Ray, against a real Prefect server on 127.0.0.1 (minutes)."""
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -8,12 +9,15 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 
 import psutil
 import pytest
+from prefect.futures import PrefectConcurrentFuture
 
 from flows.local_server import local_prefect_server
+from flows.pipelines import result_or_interrupt
 from flows.report import stage_metrics
 from flows.runner import is_up_to_date, outputs
 from tests.conftest import ENV, lock_entries, make_project
@@ -208,3 +212,17 @@ def test_the_flows_dvc_reads_are_safe_on_threads_side_by_side(tmp_path):
     for thread in threads:
         thread.join()
     assert not errors, errors[:3]
+
+
+def test_waiting_for_a_stage_yields_to_ctrl_c_that_lands_on_another_thread():
+    """The kernel may hand SIGINT to any thread of the flow's process; the main thread, waiting for a stage
+    that never ends, must still raise KeyboardInterrupt at once (a blocking wait slept through it)."""
+    never_ends = concurrent.futures.Future()
+    watchdog = threading.Timer(10, never_ends.set_result, args=(None,))  # a blocking wait wakes only then
+    watchdog.start()
+    threading.Timer(0.2, lambda: signal.pthread_kill(threading.get_ident(), signal.SIGINT)).start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        result_or_interrupt(PrefectConcurrentFuture(uuid.uuid4(), never_ends))
+    watchdog.cancel()
+    assert time.monotonic() - started < 3
