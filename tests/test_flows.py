@@ -159,10 +159,21 @@ def _stage_process(project: Path, stage: str) -> psutil.Process | None:
     return None
 
 
+def _sigint_as_in_a_terminal() -> None:
+    """A test run started in the background inherits SIGINT ignored (POSIX shells do that to `cmd &`), and
+    Python then never raises KeyboardInterrupt; a terminal's Ctrl-C reaches a flow with SIGINT at its default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_the_stage_running_on_ray(prefect_env, tmp_path):
     project = make_project(tmp_path, ("sft.max_steps=100000",))
     flow = subprocess.Popen(
-        ["alignflow", "run", "sft"], cwd=project, env=prefect_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        ["alignflow", "run", "sft"],
+        cwd=project,
+        env=prefect_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=_sigint_as_in_a_terminal,
     )
     _wait_until(lambda: _stage_process(project, "sft") or flow.poll() is not None, 600, "the sft stage to start")
     stage = _stage_process(project, "sft")
@@ -221,8 +232,12 @@ def test_waiting_for_a_stage_yields_to_ctrl_c_that_lands_on_another_thread():
     watchdog = threading.Timer(10, never_ends.set_result, args=(None,))  # a blocking wait wakes only then
     watchdog.start()
     threading.Timer(0.2, lambda: signal.pthread_kill(threading.get_ident(), signal.SIGINT)).start()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as `alignflow run` has it in a terminal
     started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        result_or_interrupt(PrefectConcurrentFuture(uuid.uuid4(), never_ends))
-    watchdog.cancel()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            result_or_interrupt(PrefectConcurrentFuture(uuid.uuid4(), never_ends))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        watchdog.cancel()
     assert time.monotonic() - started < 3
