@@ -5,7 +5,10 @@ from the same cold-start model, on the same prompts; only the advantages differ:
 
   grpo      the configured estimator's advantages, as the ``grpo`` stage computes them;
   noise     random ±1 per response, the same scale: what the updates' noise alone does to the model;
-  positive  the configured advantages with the negative ones set to 0 (online rejection-sampling fine-tuning).
+  positive  the configured advantages with the negative ones set to 0 (online rejection-sampling fine-tuning);
+  supervised  every response replaced by its problem's worked solution, advantage 1: supervised fine-tuning on
+            correct data through the same update, at the same learning rate. Where it falls too, the updates'
+            size, not the reward's signal, is what the cold start cannot take.
 
 Greedy pass@1 on the held-out split is printed every ``--every`` iterations. ``grpo`` minus ``noise`` is
 what the reward teaches; the fall of ``noise`` is what the optimizer's noise costs at this learning rate.
@@ -32,13 +35,13 @@ from tasks.core_algos import ADVANTAGE_ESTIMATORS, register_advantage
 from tasks.datasets import read_examples
 from tasks.problems import Example, score_response
 from tasks.rewards import RewardScorer
-from tasks.rollout import Sampling
+from tasks.rollout import Completion, Sampling
 from tasks.training import make_deterministic
 from tasks.workers import Worker, place
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-LEGS = ("grpo", "noise", "positive")
+LEGS = ("grpo", "noise", "positive", "supervised")
 
 
 def register_bench_estimators(configured: str) -> None:
@@ -53,6 +56,19 @@ def register_bench_estimators(configured: str) -> None:
     def positive(token_rewards, mask, group_size, **kwargs):
         advantages, _ = ADVANTAGE_ESTIMATORS[configured](token_rewards, mask, group_size, **kwargs)
         return advantages.clamp(min=0), None
+
+    @register_advantage("supervised")
+    def supervised(token_rewards, mask, group_size, **_):
+        return mask.clone(), None
+
+
+def as_worked_solutions(rollout: rl.Rollout, tokenizer) -> rl.Rollout:
+    """``rollout`` with every response replaced by its problem's worked solution (ending with end-of-sequence)."""
+    completions = []
+    for example, completion in zip(rollout.examples, rollout.completions, strict=True):
+        ids = tokenizer(example.solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        completions.append(Completion(completion.prompt_index, ids, example.solution, [0.0] * len(ids)))
+    return replace(rollout, completions=completions)
 
 
 def greedy_pass_at_1(actor: Worker, test: list[Example], max_new_tokens: int) -> float:
@@ -75,6 +91,8 @@ def leg(project: Path, params: Params, advantage: str, iterations: int, every: i
             clock = dict.fromkeys(("time/generate", "time/score", "time/train"), 0.0)
             rollout, _ = rl.collect(roles, scorer, examples, cfg, state, params.seed, clock)
             if rollout is not None:
+                if advantage == "supervised":
+                    rollout = as_worked_solutions(rollout, tokenizer)
                 rl.learn(roles, rollout, tokenizer, cfg, state, clock)
             if iteration % every == 0:
                 curve.append(greedy_pass_at_1(roles["actor"], test, cfg.max_new_tokens))
@@ -98,13 +116,14 @@ def main(iterations: int, every: int, overrides: list[str]) -> None:
         f"{cfg.advantage} advantages, {cfg.policy_loss} loss, actor_lr {cfg.actor_lr}"
         + (f" ({' '.join(overrides)})" if overrides else "")
     )
-    print("iteration " + "".join(f"{name:>10}" for name in LEGS))
+    print("iteration " + "".join(f"{name:>11}" for name in LEGS))
     for row, values in enumerate(zip(*curves.values(), strict=True)):
-        print(f"{row * every:>9} " + "".join(f"{value:>10.3f}" for value in values))
+        print(f"{row * every:>9} " + "".join(f"{value:>11.3f}" for value in values))
     start, final = curves["grpo"][0], {name: curve[-1] for name, curve in curves.items()}
     print(
         f"after {iterations} iterations: grpo {final['grpo'] - start:+.3f}, noise {final['noise'] - start:+.3f}, "
-        f"positive {final['positive'] - start:+.3f}; what the reward teaches (grpo - noise): "
+        f"positive {final['positive'] - start:+.3f}, supervised {final['supervised'] - start:+.3f}; "
+        f"what the reward teaches (grpo - noise): "
         f"{final['grpo'] - final['noise']:+.3f}"
     )
 
