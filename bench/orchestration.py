@@ -47,7 +47,13 @@ from flows.local_server import local_prefect_server
 from tasks.cluster import LOCAL_RAY
 
 REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+# Ray enables token authentication by default (the token in ~/.ray/auth_token), but a client joining a cluster by
+# address only presents it when told to: without this the prefect leg's join of the `ray start` cluster is refused.
+ENV = {
+    **os.environ,
+    "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    "RAY_AUTH_MODE": "token",
+}
 PIPELINE = "sft"
 FIELDS = ("wall", "stage_wall", "cpu_during_stages")
 POLL_SECONDS = 0.05
