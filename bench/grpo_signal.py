@@ -36,6 +36,7 @@ from tasks.datasets import read_examples
 from tasks.problems import Example, score_response
 from tasks.rewards import RewardScorer
 from tasks.rollout import Completion, Sampling
+from tasks.sequences import finished_response_ids
 from tasks.training import make_deterministic
 from tasks.workers import Worker, place
 
@@ -66,7 +67,7 @@ def as_worked_solutions(rollout: rl.Rollout, tokenizer) -> rl.Rollout:
     """``rollout`` with every response replaced by its problem's worked solution (ending with end-of-sequence)."""
     completions = []
     for example, completion in zip(rollout.examples, rollout.completions, strict=True):
-        ids = tokenizer(example.solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        ids = finished_response_ids(tokenizer, example.solution)
         completions.append(Completion(completion.prompt_index, ids, example.solution, [0.0] * len(ids)))
     return replace(rollout, completions=completions)
 

@@ -86,7 +86,7 @@ class _Watcher(threading.Thread):
     def __init__(self, roots: list[psutil.Process], leg: Leg):
         super().__init__(daemon=True)
         self.roots, self.leg, self.done = roots, leg, threading.Event()
-        self.alive: dict[int, float] = {}  # stage pid -> when it was first seen
+        self.alive: dict[int, float] = {}  # stage pid -> when it started
         self.cpu: dict[int, float] = {}  # other pid -> its latest CPU seconds
         self.counted = 0.0
 

@@ -63,8 +63,13 @@ def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> P
     return PackedBatch(input_ids, attention_mask, position_ids, response_mask, prompt_width)
 
 
+def finished_response_ids(tokenizer: PreTrainedTokenizerBase, response: str) -> list[int]:
+    """The token ids of ``response`` as a model ends it: no beginning-of-sequence, then end-of-sequence."""
+    return tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+
 def pack_text(tokenizer: PreTrainedTokenizerBase, prompts: list[str], responses: list[str]) -> PackedBatch:
     """Tokenise (prompt, response) texts as a finished response: the response ends with end-of-sequence."""
     prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
-    response_ids = [tokenizer(r, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for r in responses]
+    response_ids = [finished_response_ids(tokenizer, r) for r in responses]
     return pack(prompt_ids, response_ids, tokenizer.pad_token_id)

@@ -20,6 +20,7 @@ from tasks.config import Params, SFTConfig, to_dict
 from tasks.core_algos import sft_loss
 from tasks.datasets import DatasetError, read_examples
 from tasks.problems import Example
+from tasks.sequences import finished_response_ids
 from tasks.tracking import log_step, stage_live
 from tasks.training import (
     Checkpointer,
@@ -39,7 +40,7 @@ class SFTBatches:
         self.sequences: list[tuple[list[int], int]] = []  # (token ids, prompt length)
         for row, example in enumerate(examples, start=1):
             prompt = tokenizer(example.prompt)["input_ids"]
-            response = tokenizer(example.solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            response = finished_response_ids(tokenizer, example.solution)
             too_long = [
                 f"{what} is {length} tokens, over sft.{limit}={getattr(cfg, limit)}"
                 for what, length, limit in [

@@ -12,6 +12,7 @@ from models import build_char_tokenizer, build_tiny_llama, load_policy, load_tok
 from tasks.config import BaseConfig
 from tasks.core_algos import sft_loss, token_logprobs
 from tasks.rollout import HFEngine, Sampling
+from tasks.sequences import finished_response_ids
 from tasks.vllm_engine import VLLMEngine
 
 pytest.importorskip("vllm")  # tasks.vllm_engine imports it only when an engine is built
@@ -67,7 +68,7 @@ def synced(tmp_path_factory) -> SimpleNamespace:
     build_tiny_llama(config, tokenizer, seed=0).save_pretrained(path)
     tokenizer.save_pretrained(path)
     tokenizer, policy = load_tokenizer(path), load_policy(path, torch.device("cpu"))
-    completions = [tokenizer(r, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for r in RESPONSES]
+    completions = [finished_response_ids(tokenizer, r) for r in RESPONSES]
 
     engine = VLLMEngine(path, seed=0, max_model_len=256)
     run = SimpleNamespace(engine=engine, policy=policy, tokenizer=tokenizer, completions=completions)
