@@ -13,11 +13,11 @@ they reserve); DVC's bookkeeping runs one call at a time (``flows.dag.open_repo`
 import ctypes
 import functools
 import os
+import select
 import shlex
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +36,7 @@ LOGS = Path(".alignflow") / "logs"
 _INTERRUPTED = threading.Event()
 _PR_SET_PDEATHSIG = 1
 _CANCEL_GRACE_SECONDS = 10
+_CANCEL_CHECK_SECONDS = 0.5
 CANCEL_SECONDS = _CANCEL_GRACE_SECONDS + 20  # how long an interrupted stage can take to stop, at most
 
 
@@ -131,10 +132,15 @@ def _execute(cmd: str, cwd: str, env: dict[str, str], log_path: str, niceness: i
             preexec_fn=functools.partial(_prepare_stage_process, niceness),
         )
         try:
-            # Poll rather than block in wait(): Ray's cancel interrupts the task between polls
-            # (and wait(timeout) itself polls every few milliseconds, which costs the stage CPU).
-            while process.poll() is None:
-                time.sleep(0.2)
+            # The kernel wakes this task when the stage exits (a pidfd), so the next stage starts at once; the
+            # timeout lets Ray's cancel interrupt it between waits. (Popen.wait(timeout) polls every few
+            # milliseconds instead, which costs the stage CPU.)
+            exited = os.pidfd_open(process.pid)
+            try:
+                while process.poll() is None:
+                    select.select([exited], [], [], _CANCEL_CHECK_SECONDS)
+            finally:
+                os.close(exited)
             return process.returncode
         finally:
             if process.poll() is None:
