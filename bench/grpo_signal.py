@@ -33,16 +33,16 @@ from tasks import rl
 from tasks.config import Params, load_params
 from tasks.core_algos import ADVANTAGE_ESTIMATORS, register_advantage
 from tasks.datasets import read_examples
-from tasks.problems import Example, score_response
+from tasks.eval import greedy_responses
+from tasks.problems import Example
 from tasks.rewards import RewardScorer
-from tasks.rollout import Completion, Sampling
+from tasks.rollout import Completion
 from tasks.sequences import finished_response_ids
 from tasks.training import make_deterministic
 from tasks.workers import Worker, place
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-LEGS = ("grpo", "noise", "positive", "supervised")
 
 
 def register_bench_estimators(configured: str) -> None:
@@ -72,15 +72,28 @@ def as_worked_solutions(rollout: rl.Rollout, tokenizer) -> rl.Rollout:
     return replace(rollout, completions=completions)
 
 
+def unchanged(rollout: rl.Rollout, tokenizer) -> rl.Rollout:
+    return rollout
+
+
+# leg -> (its advantage estimator, None for the configured one; what the leg trains on instead of the rollout)
+LEGS = {
+    "grpo": (None, unchanged),
+    "noise": ("noise", unchanged),
+    "positive": ("positive", unchanged),
+    "supervised": ("supervised", as_worked_solutions),
+}
+
+
 def greedy_pass_at_1(actor: Worker, test: list[Example], max_new_tokens: int) -> float:
-    completions = actor.handle.engine.generate([e.prompt for e in test], Sampling(max_new_tokens, greedy=True))
-    return sum(score_response(test[c.prompt_index], c.text)[1] for c in completions) / len(test)
+    return greedy_responses(actor.handle.engine, test, max_new_tokens)[1][:, 1].float().mean().item()
 
 
-def leg(project: Path, params: Params, advantage: str, iterations: int, every: int) -> list[float]:
-    """Greedy pass@1 at iteration 0, every, 2·every, ... of RL with ``advantage`` from sft_cold."""
+def leg(project: Path, params: Params, name: str, iterations: int, every: int) -> list[float]:
+    """Greedy pass@1 at iteration 0, every, 2·every, ... of leg ``name``'s RL from sft_cold."""
     make_deterministic(params.seed)
-    cfg = replace(params.grpo, advantage=params.grpo.advantage if advantage == "grpo" else advantage)
+    advantage, train_on = LEGS[name]
+    cfg = replace(params.grpo, advantage=advantage or params.grpo.advantage)
     init = project / "artifacts/sft_cold"
     examples = read_examples(project / "artifacts/data/train.jsonl")
     test = read_examples(project / "artifacts/data/test.jsonl")
@@ -88,13 +101,11 @@ def leg(project: Path, params: Params, advantage: str, iterations: int, every: i
     state = rl.LoopState(kl_coef=cfg.kl_coef)
     curve = [greedy_pass_at_1(roles["actor"], test, cfg.max_new_tokens)]
     with RewardScorer(cfg.rewards, cfg.reward_timeout_seconds) as scorer:
-        for iteration in tqdm(range(1, iterations + 1), desc=advantage):
+        for iteration in tqdm(range(1, iterations + 1), desc=name):
             clock = dict.fromkeys(("time/generate", "time/score", "time/train"), 0.0)
             rollout, _ = rl.collect(roles, scorer, examples, cfg, state, params.seed, clock)
             if rollout is not None:
-                if advantage == "supervised":
-                    rollout = as_worked_solutions(rollout, tokenizer)
-                rl.learn(roles, rollout, tokenizer, cfg, state, clock)
+                rl.learn(roles, train_on(rollout, tokenizer), tokenizer, cfg, state, clock)
             if iteration % every == 0:
                 curve.append(greedy_pass_at_1(roles["actor"], test, cfg.max_new_tokens))
     return curve

@@ -15,17 +15,24 @@ from tasks.core_algos import pass_at_k
 from tasks.datasets import read_examples
 from tasks.judge import gold_utility
 from tasks.problems import Example, score_response
-from tasks.rollout import HFEngine, RolloutEngine, Sampling
+from tasks.rollout import Completion, HFEngine, RolloutEngine, Sampling
 from tasks.tracking import stage_live
 from tasks.training import make_deterministic
+
+
+def greedy_responses(
+    engine: RolloutEngine, examples: list[Example], max_new_tokens: int
+) -> tuple[list[Completion], torch.Tensor]:
+    """The greedy completion of each example and its (formatted, correct) verdict, a row per example."""
+    greedy = engine.generate([e.prompt for e in examples], Sampling(max_new_tokens, greedy=True))
+    return greedy, torch.tensor([score_response(examples[c.prompt_index], c.text) for c in greedy])
 
 
 def evaluate(engine: RolloutEngine, examples: list[Example], cfg: EvalConfig) -> tuple[dict[str, float], list[dict]]:
     """Held-out metrics of the policy behind ``engine``, and its greedy responses row by row."""
     prompts = [e.prompt for e in examples]
-    greedy = engine.generate(prompts, Sampling(cfg.max_new_tokens, greedy=True))
+    greedy, greedy_scores = greedy_responses(engine, examples, cfg.max_new_tokens)
     sampled = engine.generate(prompts, Sampling(cfg.max_new_tokens, n=cfg.k, temperature=cfg.temperature))
-    greedy_scores = torch.tensor([score_response(examples[c.prompt_index], c.text) for c in greedy])
     gold = [gold_utility(examples[c.prompt_index], c.text) for c in sampled]
     sampled_correct = torch.tensor([score_response(examples[c.prompt_index], c.text)[1] for c in sampled])
     correct_per_prompt = sampled_correct.view(len(prompts), cfg.k).sum(-1)
