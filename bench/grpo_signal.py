@@ -30,10 +30,11 @@ from tqdm.auto import tqdm
 
 from models import load_tokenizer
 from tasks import rl
-from tasks.config import Params, load_params
+from tasks.config import Params
 from tasks.core_algos import ADVANTAGE_ESTIMATORS, register_advantage
 from tasks.datasets import read_examples
 from tasks.eval import greedy_responses
+from tasks.params import load_params
 from tasks.problems import Example
 from tasks.rewards import RewardScorer
 from tasks.rollout import Completion

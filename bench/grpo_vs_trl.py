@@ -113,9 +113,9 @@ def trl_leg(project: Path, steps: int, output_dir: Path) -> tuple[list[float], l
 
 def pass_at_1(project: Path, model: Path) -> float:
     from models import load_policy, load_tokenizer
-    from tasks.config import load_params
     from tasks.datasets import read_examples
     from tasks.eval import evaluate
+    from tasks.params import load_params
     from tasks.rollout import HFEngine
 
     params = load_params(project / "params.yaml")

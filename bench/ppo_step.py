@@ -14,8 +14,9 @@ from importlib.util import find_spec
 
 from models import load_tokenizer
 from tasks.artifacts import DATA_DIR, model_dir
-from tasks.config import ConfigError, load_params
+from tasks.config import ConfigError
 from tasks.datasets import read_examples
+from tasks.params import load_params
 from tasks.reward import member_dirs
 from tasks.rewards import RewardScorer
 from tasks.rl import LoopState, collect, learn, needed_roles

@@ -93,7 +93,7 @@ def _quiet_libraries() -> None:
 
 def _run_stage(args: argparse.Namespace) -> None:
     from tasks import check_stage_name, run_stage
-    from tasks.config import load_params
+    from tasks.params import load_params
 
     check_stage_name(args.name)
     params = load_params(args.params, args.overrides)
@@ -107,7 +107,7 @@ def _run_pipeline(args: argparse.Namespace) -> None:
     from omegaconf import OmegaConf
 
     from tasks.cluster import connect_ray
-    from tasks.config import load_params
+    from tasks.params import load_params
 
     params = load_params("params.yaml", args.overrides)  # the same messages as `alignflow stage`, before Prefect starts
     # Ray's start-up mostly waits on its daemons, Prefect's import mostly computes: overlap the two.
@@ -133,7 +133,7 @@ def _repro(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> None:
     from flows.deployments import serve_pipelines
-    from tasks.config import load_params
+    from tasks.params import load_params
 
     serve_pipelines(load_params("params.yaml"))
 

@@ -35,7 +35,8 @@ from flows.runner import (
 )
 from tasks.artifacts import atomic_output
 from tasks.cluster import connect_ray, release_ray
-from tasks.config import RunnerConfig, load_params
+from tasks.config import RunnerConfig
+from tasks.params import load_params
 
 RUN_LOCK = Path(".alignflow") / "run.lock"
 _POLL_SECONDS = 0.5

@@ -9,8 +9,8 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from models import load_tokenizer
 from tasks.artifacts import DATA_DIR, model_dir
-from tasks.config import load_params
 from tasks.datasets import read_examples, read_preferences
+from tasks.params import load_params
 from tasks.reward import member_dirs
 from tasks.rewards import RewardScorer
 from tasks.rl import LoopState, Rollout, learn, needed_roles, score

@@ -8,9 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models import load_policy, load_tokenizer
-from tasks.config import RLConfig, load_params
+from tasks.config import RLConfig
 from tasks.core_algos import POLICY_LOSSES, adaptive_kl_coef, explained_variance
 from tasks.judge import gold_utility, prefers_first
+from tasks.params import load_params
 from tasks.problems import Example
 from tasks.rl import RunningMoments, alarms, prepare_scores
 from tasks.rollout import HFEngine, Sampling

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from flows.cli import main
-from tasks.config import Params, fields_with_keys, load_params
+from tasks.config import Params
+from tasks.params import fields_with_keys, load_params
 
 MALFORMED_CONFIGS = [
     (["sft.lrr=0.1"], "sft.lrr: unknown key"),
