@@ -55,9 +55,9 @@ def test_set_fields_become_dotlist_overrides_that_load_params_accepts():
 def test_overrides_are_written_into_params_yaml_keeping_its_comments(tmp_path):
     params_file = tmp_path / "params.yaml"
     params_file.write_text((REPO / "params.yaml").read_text())
-    write_overrides(params_file, ["sft.lr=0.0005", "task.name=countdown"])
+    write_overrides(params_file, ["sft.lr=0.0005", "task.name=arithmetic"])
     text = params_file.read_text()
     assert "# Every stage's settings" in text and "# arithmetic | countdown" in text
     params = load_params(params_file)
-    assert (params.sft.lr, params.task.name) == (0.0005, "countdown")
+    assert (params.sft.lr, params.task.name) == (0.0005, "arithmetic")
     assert not list(tmp_path.glob(".tmp-*"))

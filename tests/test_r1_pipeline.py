@@ -18,6 +18,7 @@ R1_STAGES = {
 # 1-digit addition: easy enough that the test's tiny model is sometimes right, so rejection sampling keeps some;
 # it has 81 distinct problems, so the splits shrink to fit. A longer, faster cold start gets the format right.
 EASY = (
+    "task.name=arithmetic",
     "task.arithmetic.digits=1",
     "task.arithmetic.ops=+",
     "data.num_train=64",
