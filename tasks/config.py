@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PROBLEM_NAMES = ("arithmetic", "countdown")
+LR_SCHEDULES = ("constant", "cosine")
 DEVICES = ("auto", "cpu", "cuda")
 # The names tasks/core_algos.py registers (a test keeps them equal; config stays free of torch imports).
 ADVANTAGES = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp")
@@ -166,9 +167,12 @@ class RLConfig:
     group_size: int = param(1, "Responses sampled per prompt (G); group advantages compare them.", ge=1)
     minibatch_size: int = param(64, "Responses per gradient step.", ge=1)
     epochs: int = param(2, "Passes over each rollout batch; epochs x minibatches = updates per batch (mu).", ge=1)
-    actor_lr: float = param(1e-4, "Policy AdamW learning rate (constant after warm-up).", gt=0)
-    critic_lr: float = param(5e-4, "Critic AdamW learning rate (estimators with a critic only).", gt=0)
+    actor_lr: float = param(1e-4, "Policy AdamW peak learning rate.", gt=0)
+    critic_lr: float = param(5e-4, "Critic AdamW peak learning rate (estimators with a critic only).", gt=0)
     warmup_steps: int = param(5, "Linear learning-rate warm-up, in iterations.", ge=0)
+    lr_schedule: str = param(
+        "constant", "After warm-up: constant, or cosine decay to 0 at the last iteration.", choices=LR_SCHEDULES
+    )
     temperature: float = param(1.0, "Rollout sampling temperature.", gt=0)
     max_new_tokens: int = param(64, "Longest rollout response.", ge=1)
     advantage: str = param(

@@ -15,6 +15,7 @@ from typing import Any
 
 import ray
 import torch
+from torch.optim.lr_scheduler import LambdaLR
 from transformers import PreTrainedModel
 
 from models import load_critic, load_policy, load_reference, load_reward_model, load_tokenizer, resolve_device
@@ -78,13 +79,18 @@ class _TrainedRole:
         set_rng_state(state["rng"])
 
 
+def _optimizer(model: torch.nn.Module, lr: float, cfg: RLConfig) -> tuple[torch.optim.Optimizer, LambdaLR]:
+    """AdamW with warm-up, then a constant rate or (``lr_schedule: cosine``) decay to 0 at the last iteration."""
+    return adamw_with_cosine(model, lr, 0.0, cfg.warmup_steps, cfg.steps if cfg.lr_schedule == "cosine" else None)
+
+
 class ActorWorker(_TrainedRole):
     def __init__(self, params: Params, cfg: RLConfig, model_dir: Path):
         self.cfg = cfg
         make_deterministic(params.seed)
         self.model = load_policy(model_dir, resolve_device(params.device))
         self.model.train()
-        self.optimizer, self.scheduler = adamw_with_cosine(self.model, cfg.actor_lr, 0.0, cfg.warmup_steps, None)
+        self.optimizer, self.scheduler = _optimizer(self.model, cfg.actor_lr, cfg)
         self.engine = _make_engine(params, cfg, self.model, load_tokenizer(model_dir), model_dir)
 
     def generate(self, prompts: list[str]) -> list[Completion]:
@@ -159,7 +165,7 @@ class CriticWorker(_TrainedRole):
         make_deterministic(params.seed + 1)
         self.model = load_critic(model_dir, resolve_device(params.device))
         self.model.train()
-        self.optimizer, self.scheduler = adamw_with_cosine(self.model, cfg.critic_lr, 0.0, cfg.warmup_steps, None)
+        self.optimizer, self.scheduler = _optimizer(self.model, cfg.critic_lr, cfg)
 
     def _values(self, batch: PackedBatch) -> torch.Tensor:
         return batch.response_logits(self.model(**batch.model_inputs()).logits).squeeze(-1).float()

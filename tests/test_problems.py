@@ -104,4 +104,4 @@ def test_splits_are_disjoint_seeded_and_sized(name):
 
 def test_too_small_a_problem_space_is_an_error_naming_the_task():
     with pytest.raises(DatasetError, match="task.arithmetic"):
-        generate_splits(TaskConfig(arithmetic=ArithmeticConfig(digits=1, ops="+")), 500, 50, seed=0)
+        generate_splits(TaskConfig(name="arithmetic", arithmetic=ArithmeticConfig(digits=1, ops="+")), 500, 50, seed=0)

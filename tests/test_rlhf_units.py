@@ -156,3 +156,12 @@ def test_alarms_flag_kl_runaway_entropy_collapse_and_reward_hacking():
     assert any("reward hacking" in alarm for alarm in alarms(hacked, cfg))
     improving = _history([0.1 * i for i in range(20)], [0.5 + 0.01 * i for i in range(20)])
     assert alarms(improving, cfg) == []
+
+
+@pytest.mark.parametrize("schedule, expected", [("constant", [0.0, 1.0, 1.0, 1.0]), ("cosine", [0.0, 1.0, 0.5, 0.0])])
+def test_the_actor_learning_rate_warms_up_then_follows_its_schedule(model_dir, schedule, expected):
+    """Multiples of actor_lr at iterations 0, 1 (warm-up done), 3 (half-way) and 5 (the last of 5)."""
+    overrides = ["steps=5", "warmup_steps=1", f"lr_schedule={schedule}"]
+    params = load_params(REPO / "params.yaml", [f"grpo.{o}" for o in overrides])
+    multiple = ActorWorker(params, params.grpo, model_dir).scheduler.lr_lambdas[0]
+    assert [multiple(step) for step in (0, 1, 3, 5)] == pytest.approx(expected, abs=1e-9)
