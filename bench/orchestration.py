@@ -11,6 +11,11 @@ from nothing. The infrastructure a deployment has running already, a Prefect ser
 cluster (`ray start --head`, configured as alignflow configures a local Ray), is started first
 and not timed; it idles through every leg.
 
+The target (Prefect + Ray + DVC add under 10%) is judged on the `prefect` leg: production runs
+start on a Prefect server and a Ray cluster that are already up, as `alignflow serve` keeps them.
+A one-shot `alignflow run` also pays Ray's start-up and shutdown (about 3.5 s here, a fixed
+cost whatever the pipeline's length); `prefect+ray` reports it separately.
+
 This machine's speed drifts with steal time by more than the effect measured, so two numbers
 are reported:
 
@@ -57,6 +62,8 @@ ENV = {
 PIPELINE = "sft"
 FIELDS = ("wall", "stage_wall", "cpu_during_stages")
 POLL_SECONDS = 0.05
+# The target: what Prefect + Ray + DVC add to a run on running infrastructure, as production runs it.
+TARGET_OVERHEAD = 0.10
 
 
 @dataclass
@@ -228,22 +235,29 @@ def main(rounds: int, overrides: list[str]) -> None:
         print(f"  {name:<11} {ratio:6.3f}x direct  {_describe(median)}")
 
     stages = statistics.median(d.stage_wall for d in direct)
-    print("\norchestration overhead over the direct run (target: Prefect + Ray + DVC under +10%):")
-    for name, what in (
-        ("prefect", "a Prefect server and a Ray cluster running, as `alignflow serve` has them"),
-        ("prefect+ray", "`alignflow run` starting and stopping a local Ray of its own"),
-    ):
-        runs = legs[name]
-        end_to_end = statistics.median(run.wall / d.wall for run, d in zip(runs, direct, strict=True)) - 1
-        outside = statistics.median(r.outside_stages - d.outside_stages for r, d in zip(runs, direct, strict=True))
-        # CPU that other processes use while a stage runs is CPU the stage's threads (one per core) lose.
-        taken = statistics.median(r.cpu_during_stages - d.cpu_during_stages for r, d in zip(runs, direct, strict=True))
-        print(f"  {name} ({what}):")
-        print(f"    end to end, median of the per-round ratios: {end_to_end:+.1%}")
-        print(
-            f"    as spent: {outside:.1f} s outside the stages + {taken:.1f} s of CPU taken from them, "
-            f"over {stages:.1f} s of stages: {(outside + taken) / stages:+.1%}"
-        )
+    overheads = {name: _overhead(legs[name], direct, stages) for name in ("prefect", "prefect+ray")}
+    end_to_end, as_spent = overheads["prefect"]
+    verdict = "meets" if max(end_to_end, as_spent) < TARGET_OVERHEAD else "misses"
+    print(
+        f"\norchestration overhead of the Prefect flow on Ray, with DVC recording the lock, over the direct run:\n"
+        f"  end to end (median of the per-round ratios) {end_to_end:+.1%}, as spent {as_spent:+.1%}: "
+        f"{verdict} the target of +{TARGET_OVERHEAD:.0%}"
+    )
+    own_end_to_end, own_as_spent = overheads["prefect+ray"]
+    print(
+        f"  a one-shot `alignflow run` starting and stopping a Ray of its own: {own_end_to_end:+.1%} end to end, "
+        f"{own_as_spent:+.1%} as spent; the difference is Ray's start-up and shutdown, paid once per run"
+    )
+
+
+def _overhead(runs: list[Leg], direct: list[Leg], stages: float) -> tuple[float, float]:
+    """A leg's overhead over the direct leg: the median end-to-end ratio, and the overhead as spent: its time
+    outside the stages plus the CPU its other processes take from them (a stage's threads use every core)."""
+    pairs = list(zip(runs, direct, strict=True))
+    end_to_end = statistics.median(run.wall / base.wall for run, base in pairs) - 1
+    outside = statistics.median(run.outside_stages - base.outside_stages for run, base in pairs)
+    taken = statistics.median(run.cpu_during_stages - base.cpu_during_stages for run, base in pairs)
+    return end_to_end, (outside + taken) / stages
 
 
 def _describe(leg: Leg) -> str:

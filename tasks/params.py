@@ -82,6 +82,8 @@ def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
             )
         if not math.isfinite(weight):
             yield f"{name}.rewards.{reward}: the weight must be a finite number, got {weight}"
+    if "+" not in params.task.countdown.ops:  # the one operation that applies at every step of a solution
+        yield f"task.countdown.ops: must include '+', got {params.task.countdown.ops!r}"
     if base.model_path is None:
         longest = params.sft.max_prompt_length + cfg.max_new_tokens
         if base.max_position_embeddings < longest:

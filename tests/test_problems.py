@@ -48,12 +48,13 @@ def test_arithmetic_verifier_rejects_wrong_or_malformed_answers():
 
 
 @settings(max_examples=200, deadline=None)
-@given(seed=st.integers(0, 10**6), count=st.integers(2, 6))
-def test_countdown_reference_solution_reaches_target_with_every_number_once(seed, count):
-    example = countdown.generate(random.Random(seed), CountdownConfig(count=count))
+@given(seed=st.integers(0, 10**6), count=st.integers(2, 6), ops=st.sampled_from(["+", "+-", "+*", "+-*/"]))
+def test_countdown_reference_solution_reaches_target_with_every_number_once(seed, count, ops):
+    example = countdown.generate(random.Random(seed), CountdownConfig(count=count, ops=ops))
     value, used = countdown.evaluate(example.answer)
     assert value == example.meta["target"] > 0
     assert sorted(used) == sorted(example.meta["numbers"])
+    assert set(example.answer) - set("0123456789()") <= set(ops)
     assert score_response(example, example.solution) == (True, True)
 
 

@@ -19,6 +19,7 @@ MALFORMED_CONFIGS = [
     (["task.name=sudoku"], "task.name: must be one of"),
     (["base.model_path=/no/such/model"], "base.model_path: no model directory"),
     (["task.arithmetic.ops=+/"], "task.arithmetic.ops: must be made of"),
+    (["task.countdown.ops=-*"], "task.countdown.ops: must include '+'"),
     (["base.num_heads=5"], "base.num_heads: must divide base.hidden_size"),
     (["seed=-1"], "seed: must be >= 0"),
     (["device=tpu"], "device: must be one of"),

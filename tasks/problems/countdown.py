@@ -89,15 +89,15 @@ def evaluate(expression: str) -> tuple[Fraction, list[int]]:
     return parser.parse(), parser.numbers
 
 
-def _combine(rng: random.Random, value: int, number: int, max_value: int) -> str:
-    allowed = ["+"]
-    if value > number:
-        allowed.append("-")
-    if value * number <= max_value:
-        allowed.append("*")
-    if number > 1 and value % number == 0:
-        allowed.append("/")
-    return rng.choice(allowed)
+def _combine(rng: random.Random, value: int, number: int, cfg) -> str:
+    """An operation from ``cfg.ops`` that keeps every intermediate value a positive integer within bounds."""
+    applies = {
+        "+": True,
+        "-": value > number,
+        "*": value * number <= cfg.max_target,
+        "/": number > 1 and value % number == 0,
+    }
+    return rng.choice([op for op in cfg.ops if applies[op]])
 
 
 def generate(rng: random.Random, cfg) -> Example:
@@ -105,7 +105,7 @@ def generate(rng: random.Random, cfg) -> Example:
     numbers = [rng.randint(1, cfg.max_number) for _ in range(cfg.count)]
     value, expression, last_op, steps = numbers[0], str(numbers[0]), None, []
     for number in numbers[1:]:
-        op = _combine(rng, value, number, cfg.max_target)
+        op = _combine(rng, value, number, cfg)
         if op in "*/" and last_op in ("+", "-"):
             expression = f"({expression})"
         result = {"+": value + number, "-": value - number, "*": value * number, "/": value // number}[op]
