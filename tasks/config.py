@@ -122,7 +122,7 @@ class JudgeConfig:
     """The hidden gold judge: a task-defined utility in [0, 1] (correctness first, then format, then concision)."""
 
     label_noise: float = param(
-        0.32,
+        0.55,
         "Bradley-Terry noise of preference labels: P(a preferred) = sigmoid((u_a - u_b) / label_noise); "
         "0 gives noise-free labels. The default makes training labels agree with the judge about 75% of the time.",
         ge=0,
