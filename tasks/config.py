@@ -45,10 +45,7 @@ class CountdownConfig:
     count: int = param(3, "Numbers given per puzzle; each must be used exactly once.", ge=2, le=6)
     max_number: int = param(40, "Numbers are drawn from 1..max_number.", ge=2)
     max_target: int = param(100, "Upper bound on intermediate products, which bounds the target.", ge=10)
-    ops: str = param(
-        "+-", "Operations the solutions combine numbers with, any of '+', '-', '*', '/'; must include '+'.",
-        chars="+-*/",
-    )  # fmt: skip
+    ops: str = param("+-", "Operations solutions use, any of '+', '-', '*', '/'; must include '+'.", chars="+-*/")
 
 
 @dataclass

@@ -82,8 +82,6 @@ def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
             )
         if not math.isfinite(weight):
             yield f"{name}.rewards.{reward}: the weight must be a finite number, got {weight}"
-    if "+" not in params.task.countdown.ops:  # the one operation that applies at every step of a solution
-        yield f"task.countdown.ops: must include '+', got {params.task.countdown.ops!r}"
     if base.model_path is None:
         longest = params.sft.max_prompt_length + cfg.max_new_tokens
         if base.max_position_embeddings < longest:
@@ -112,6 +110,8 @@ def _cross_field_errors(params: Params) -> Iterator[str]:
         own_model = sft.init == name or sft.init.startswith(f"{name}/")
         if own_model or not _is_model(sft.init, params.rounds):
             yield f"{name}.init: not a model trained before {name} ({', '.join(MODELS)}, ...), got {sft.init!r}"
+    if "+" not in params.task.countdown.ops:  # the one operation that applies at every step of a solution
+        yield f"task.countdown.ops: must include '+', got {params.task.countdown.ops!r}"
     for name in RL_SECTIONS:
         yield from _rl_errors(name, getattr(params, name), params)
     for round_name, spec in params.rounds.items():
