@@ -84,6 +84,7 @@ def main(settings: dict, out: str) -> None:
         save_strategy="no",
         report_to="none",
         disable_tqdm=True,
+        gradient_checkpointing=settings["gradient_checkpointing"],
     )
     timer = StepTimer()
     trainer = GRPOTrainer(

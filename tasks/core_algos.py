@@ -68,11 +68,10 @@ def last_token_index(mask: torch.Tensor) -> torch.Tensor:
     return (mask.sum(-1).long() - 1).clamp(min=0)
 
 
-def shaped_rewards(
-    scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, beta: float
-) -> torch.Tensor:
-    """Per-token rewards: −β·log π/π_ref at every token, plus the sequence score at its last token."""
-    rewards = -beta * kl_k1(logprobs, ref_logprobs) * mask
+def shaped_rewards(scores: torch.Tensor, mask: torch.Tensor, kl_penalty: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-token rewards: the sequence score at its last token, minus ``kl_penalty`` (β·log π/π_ref, (B, T))
+    at every token when the KL is in the reward."""
+    rewards = torch.zeros(mask.shape, dtype=scores.dtype) if kl_penalty is None else -kl_penalty * mask
     rows = torch.arange(len(scores), device=scores.device)
     rewards[rows, last_token_index(mask)] += scores
     return rewards

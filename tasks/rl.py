@@ -7,8 +7,9 @@ One iteration, top to bottom:
    response and their weighted sum is the response's score (normalised and clipped if asked).
    With dynamic sampling, groups whose scores are all equal teach nothing and are dropped, and
    more prompts are rolled out until the batch is full or ``max_sampling_rounds`` is reached;
-3. log-probs: the actor's (π_old) of every sampled token, the reference's when a KL term needs
-   it, the critic's values when the advantage estimator needs a critic;
+3. log-probs: the actor's (π_old) of every sampled token (with one update per rollout, the update's
+   own forward pass gives them instead), the reference's when a KL term needs it, the critic's values
+   when the advantage estimator needs a critic;
 4. advantages: per-token rewards (the score at the last token, and −β·log π/π_ref at every token
    when the KL is in the reward) go through the ``advantage`` estimator;
 5. update: ``epochs`` passes of minibatches of ``policy_loss`` (plus β·KL when the KL is a loss);
@@ -222,24 +223,30 @@ def learn(
         tokenizer.pad_token_id,
     )
     mask = batch.response_mask
-    pending = {name: roles[role].call(method, batch) for name, role, method in _PASSES if role in roles}
+    # One update per rollout: π_old is the actor as it is, and the update's own forward pass gives its
+    # log-probs; a pass beforehand would compute the same numbers (unless the KL is in the reward, which
+    # needs them before the advantages).
+    single_update = cfg.epochs == 1 and len(mask) <= cfg.minibatch_size and not cfg.kl_in_reward
+    passes = [(name, role, method) for name, role, method in _PASSES if role in roles]
+    if single_update:
+        passes = [(name, role, method) for name, role, method in passes if name != "logprobs"]
+    pending = {name: roles[role].call(method, batch) for name, role, method in passes}
     out = {name: call.result() for name, call in pending.items()}
-    old_logprobs, ref_logprobs, values = out["logprobs"], out.get("ref_logprobs"), out.get("values")
+    old_logprobs, ref_logprobs, values = out.get("logprobs"), out.get("ref_logprobs"), out.get("values")
     passed = time.perf_counter()
     clock["time/score"] += passed - started
 
     scores = prepare_scores(rollout.scores, cfg, state.moments)
-    kl_penalty = state.kl_coef if cfg.kl_in_reward else 0.0
-    token_rewards = shaped_rewards(
-        scores, old_logprobs, old_logprobs if ref_logprobs is None else ref_logprobs, mask, kl_penalty
-    )
+    kl_penalty = state.kl_coef * kl_k1(old_logprobs, ref_logprobs) if cfg.kl_in_reward else None
+    token_rewards = shaped_rewards(scores, mask, kl_penalty)
     advantages, returns = ADVANTAGE_ESTIMATORS[cfg.advantage](
         token_rewards, mask, cfg.group_size, values=values, gamma=cfg.gamma, lam=cfg.lam
     )
-    updates = [roles["actor"].call("update", batch, old_logprobs, advantages, ref_logprobs, state.kl_coef)]
-    if "critic" in roles:
-        updates.append(roles["critic"].call("update", batch, values, returns))
-    metrics = {name: value for update in updates for name, value in update.result().items()}
+    actor_update = roles["actor"].call("update", batch, old_logprobs, advantages, ref_logprobs, state.kl_coef)
+    critic_update = roles["critic"].call("update", batch, values, returns) if "critic" in roles else None
+    metrics, old_logprobs = actor_update.result()
+    if critic_update is not None:
+        metrics |= critic_update.result()
     clock["time/train"] += time.perf_counter() - passed
 
     engine_logprobs = torch.zeros_like(mask)
@@ -330,6 +337,7 @@ def train(params: Params, cfg: RLConfig, stage: str, init_dir: Path, train_file:
         progress = tqdm(range(state.step, cfg.steps), desc=stage, initial=state.step, total=cfg.steps)
         raised: set[str] = set()
         for step in progress:
+            started = time.perf_counter()
             clock = dict.fromkeys(("time/generate", "time/score", "time/train"), 0.0)
             rollout, metrics = collect(roles, scorer, examples, cfg, state, params.seed, clock)
             if rollout is not None:
@@ -346,6 +354,7 @@ def train(params: Params, cfg: RLConfig, stage: str, init_dir: Path, train_file:
             logged = {name: float(f"{value:.6g}") for name, value in metrics.items()}
             state.history.append((state.step, logged))
             log_step(live, state.step, logged)
+            clock["time/step"] = time.perf_counter() - started  # the phases and the bookkeeping around them
             log_step(live, state.step, {name: round(seconds, 4) for name, seconds in clock.items()}, prefix="")
             progress.set_postfix(reward=logged.get("reward"), gold=logged.get("gold_reward"))
             if rollout is not None:

@@ -104,22 +104,31 @@ class ActorWorker(_TrainedRole):
     def update(
         self,
         batch: PackedBatch,
-        old_logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor | None,
         advantages: torch.Tensor,
         ref_logprobs: torch.Tensor | None,
         kl_coef: float,
-    ) -> dict[str, float]:
+    ) -> tuple[dict[str, float], torch.Tensor]:
         """``epochs`` passes of minibatch steps on the policy loss (minus the entropy bonus, plus the KL loss
-        when one is asked for), then an engine sync."""
+        when one is asked for), then an engine sync. Returns the metrics and π_old's log-probs (B, T).
+
+        ``old_logprobs`` None means a single update: π_old is then the policy about to take it, whose
+        log-probs are the update's own forward pass, detached (no separate pass for them)."""
         cfg, device = self.cfg, self.model.device
         policy_loss_fn = POLICY_LOSSES[cfg.policy_loss]
         kl_estimator = KL_ESTIMATORS.get(cfg.kl_loss)
         totals = {"policy_loss": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "approx_kl": 0.0, "grad_norm": 0.0}
-        minibatches = _minibatches(len(old_logprobs), cfg.minibatch_size, cfg.epochs)
+        minibatches = _minibatches(len(advantages), cfg.minibatch_size, cfg.epochs)
+        if old_logprobs is None and len(minibatches) > 1:
+            raise ValueError(f"{len(minibatches)} updates per rollout need the old log-probs computed before them")
+        sampled_logprobs = torch.zeros_like(advantages) if old_logprobs is None else old_logprobs
         for rows in minibatches:
             part = batch.select(rows).to(device)
-            mask, old = part.response_mask, old_logprobs[rows].to(device)
             logprobs, logits = response_logprobs(self.model, part, cfg.temperature)
+            mask = part.response_mask
+            if old_logprobs is None:
+                sampled_logprobs[rows] = logprobs.detach().cpu()
+            old = sampled_logprobs[rows].to(device)
             policy_loss, clip_fraction = policy_loss_fn(
                 logprobs,
                 old,
@@ -145,7 +154,7 @@ class ActorWorker(_TrainedRole):
                 totals[name] += value.item() / len(minibatches)
         self.scheduler.step()
         self.engine.sync_weights(self.model)
-        return totals
+        return totals, sampled_logprobs
 
     def weights(self) -> dict[str, torch.Tensor]:
         return {name: tensor.detach().cpu().clone() for name, tensor in self.model.state_dict().items()}

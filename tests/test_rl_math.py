@@ -14,6 +14,7 @@ from tasks.core_algos import (
     clipped_value_loss,
     entropy_from_logits,
     gae,
+    kl_k1,
     shaped_rewards,
     whiten,
 )
@@ -99,7 +100,7 @@ def test_shaped_rewards_sum_to_score_minus_beta_times_log_ratio(seed, beta):
     generator = torch.Generator().manual_seed(seed + 1)
     logprobs, ref_logprobs = -torch.rand(2, *mask.shape, generator=generator, dtype=F64)
     scores = torch.randn(len(mask), generator=generator, dtype=F64)
-    rewards = shaped_rewards(scores, logprobs, ref_logprobs, mask, beta)
+    rewards = shaped_rewards(scores, mask, beta * kl_k1(logprobs, ref_logprobs))
     expected = scores - beta * ((logprobs - ref_logprobs) * mask).sum(-1)
     assert torch.allclose(rewards.sum(-1), expected)
     assert (rewards[mask == 0] == 0).all()
@@ -109,7 +110,7 @@ def test_shaped_rewards_at_initialisation_are_the_score_at_the_last_token_only()
     _, _, mask, lengths = _batch(5)
     logprobs = -torch.rand(mask.shape, dtype=F64)
     scores = torch.tensor([0.5, -1.0, 2.0, 0.25], dtype=F64)
-    rewards = shaped_rewards(scores, logprobs, logprobs.clone(), mask, beta=0.1)
+    rewards = shaped_rewards(scores, mask, 0.1 * kl_k1(logprobs, logprobs.clone()))
     expected = torch.zeros_like(rewards)
     expected[torch.arange(4), lengths - 1] = scores
     assert torch.equal(rewards, expected)

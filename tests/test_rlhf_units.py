@@ -84,6 +84,28 @@ def test_an_actor_update_moves_responses_toward_their_advantages(model_dir, poli
     assert moved[sign > 0].mean() > moved[sign < 0].mean() + 0.1, moved
 
 
+def test_a_single_update_without_an_old_logprob_pass_is_the_update_with_one(model_dir):
+    """With one update per rollout the trainer skips the no-grad π_old pass: the update's own forward pass,
+    detached, is π_old. Same weights after, same log-probs reported, and more updates than one refuse it."""
+    overrides = ["group_size=2", "minibatch_size=4", "warmup_steps=0", "kl_loss=none"]
+    params = load_params(REPO / "params.yaml", [f"grpo.{o}" for o in overrides])
+    tokenizer = load_tokenizer(model_dir)
+    batch = pack_text(tokenizer, ["1+2=", "98-7="] * 2, ["<think>x</think>", "<answer>91</answer>", "3", "<a>"])
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None] * batch.response_mask
+    weights, reported = [], []
+    for precomputed in (True, False):
+        torch.manual_seed(0)
+        actor = ActorWorker(params, params.grpo, model_dir)
+        old = actor.logprobs(batch) if precomputed else None
+        _, sampled = actor.update(batch, old, advantages, None, 0.0)
+        weights.append(torch.cat([p.detach().flatten() for p in actor.model.parameters()]))
+        reported.append(sampled)
+    assert torch.allclose(reported[0], reported[1], atol=1e-5)
+    assert torch.allclose(weights[0], weights[1], atol=1e-6)
+    with pytest.raises(ValueError, match="2 updates per rollout"):
+        actor.update(batch.select(torch.arange(4).repeat(2)), None, advantages.repeat(2, 1), None, 0.0)
+
+
 def test_gold_utility_orders_correct_then_formatted_then_concise():
     correct = gold_utility(EXAMPLE, EXAMPLE.solution)
     wrong = gold_utility(EXAMPLE, "<think>2+0+0=2,1+3+0=5</think><answer>52</answer>")
