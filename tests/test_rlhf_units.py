@@ -50,6 +50,39 @@ def test_trainer_logprobs_of_a_rollout_equal_the_engines(model_dir):
         assert torch.allclose(logprobs[row, : len(engine)], engine, atol=1e-4)
 
 
+def test_greedy_sampling_is_transformers_greedy_generate_token_for_token(model_dir):
+    """The HF engine's own loop (one prefill per prompt, ended rows leave the batch) decodes what
+    ``generate`` decodes, for prompts of different lengths whose rows end at different steps."""
+    model, tokenizer = load_policy(model_dir, CPU), load_tokenizer(model_dir)
+    torch.manual_seed(1)
+    with torch.no_grad():  # weights large enough that greedy continuations depend on the prompt
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.3)
+    prompts = ["1+2=", "123*4=", "98-7=", "5=", "77+3="]
+    greedy = Sampling(24, greedy=True)
+    unended = [c.token_ids for c in HFEngine(model, tokenizer, batch_size=8).generate(prompts, greedy)]
+
+    def ends(token: int) -> set[int]:
+        return {ids.index(token) if token in ids else 24 for ids in unended}
+
+    # A random model never says end-of-sequence: make one it says the end, so rows end at different steps.
+    said = {token for ids in unended for token in ids}
+    tokenizer.eos_token = tokenizer.convert_ids_to_tokens(max(sorted(said), key=lambda token: len(ends(token))))
+    assert len(ends(tokenizer.eos_token_id)) >= 3
+    completions = HFEngine(model, tokenizer, batch_size=3).generate(prompts, greedy)
+    tokenizer.padding_side = "left"
+    for prompt, completion in zip(prompts, completions, strict=True):
+        inputs = tokenizer([prompt], return_tensors="pt")
+        expected = model.generate(
+            **inputs, max_new_tokens=24, do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=0
+        )
+        expected = expected[0, inputs["input_ids"].shape[1] :].tolist()
+        if tokenizer.eos_token_id in expected:
+            expected = expected[: expected.index(tokenizer.eos_token_id) + 1]
+        assert completion.token_ids == expected
+        assert completion.truncated == (tokenizer.eos_token_id not in expected)
+
+
 def test_a_rows_numbers_do_not_depend_on_its_batchs_padding(model_dir):
     model, tokenizer = load_policy(model_dir, CPU), load_tokenizer(model_dir)
     alone = pack_text(tokenizer, ["1+2="], ["<think>x</think>"])
