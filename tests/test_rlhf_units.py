@@ -14,7 +14,7 @@ from tasks.judge import gold_utility, prefers_first
 from tasks.params import load_params
 from tasks.problems import Example
 from tasks.rl import RunningMoments, alarms, prepare_scores
-from tasks.rollout import HFEngine, Sampling
+from tasks.rollout import HFEngine, Sampling, sample_tokens
 from tasks.sequences import pack, pack_text
 from tasks.workers import ActorWorker, response_logprobs
 from tests.conftest import REPO, tiny_model
@@ -81,6 +81,16 @@ def test_greedy_sampling_is_transformers_greedy_generate_token_for_token(model_d
             expected = expected[: expected.index(tokenizer.eos_token_id) + 1]
         assert completion.token_ids == expected
         assert completion.truncated == (tokenizer.eos_token_id not in expected)
+
+
+def test_sampled_tokens_follow_the_distribution_and_never_take_a_zero_probability_one():
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0], [0.1, 0.0, 0.0, 0.0, 0.0, 0.9]])
+    torch.manual_seed(0)
+    draws = torch.stack([sample_tokens(probs) for _ in range(20000)])  # (draws, rows)
+    for row in range(len(probs)):
+        frequencies = torch.bincount(draws[:, row], minlength=probs.shape[1]) / len(draws)
+        assert (frequencies[probs[row] == 0] == 0).all()
+        assert torch.allclose(frequencies, probs[row], atol=0.015), frequencies
 
 
 def test_a_rows_numbers_do_not_depend_on_its_batchs_padding(model_dir):
