@@ -10,7 +10,7 @@ row's numbers independent of how much padding its batch needed (and equal to wha
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedTokenizerBase
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 
 @dataclass
@@ -45,6 +45,43 @@ class PackedBatch:
             self.response_mask[rows],
             self.prompt_width,
         )
+
+
+def shared_prompt_logits(model: PreTrainedModel, batch: PackedBatch) -> torch.Tensor:
+    """(B, T, V): ``model``'s logits predicting each response token, each distinct prompt computed once.
+
+    The G responses of a group share one prompt: it runs once, its KV cache is gathered for each of
+    its rows (gradients flow back through the gather) and only the responses run per row. The same
+    numbers as one forward pass over every row, for about a third less compute at G = 8 on the
+    default task, whose prompts are 40% of a row's tokens. Without a shared prompt it is that pass.
+    """
+    width = batch.prompt_width
+    prompt_columns = torch.cat([batch.input_ids[:, :width], batch.attention_mask[:, :width]], -1)
+    distinct, prompt_of_row = torch.unique(prompt_columns, dim=0, return_inverse=True)
+    if len(distinct) == len(prompt_of_row):
+        return batch.response_logits(model(**batch.model_inputs()).logits)
+    rows = torch.arange(len(prompt_of_row), device=prompt_of_row.device)
+    first_row = torch.full((len(distinct),), len(rows), device=rows.device)
+    first_row = first_row.scatter_reduce(0, prompt_of_row, rows, reduce="amin")
+    cache = DynamicCache(config=model.config)
+    last_prompt_logits = model(
+        input_ids=batch.input_ids[first_row, :width],
+        attention_mask=batch.attention_mask[first_row, :width],
+        position_ids=batch.position_ids[first_row, :width],
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits
+    cache.batch_select_indices(prompt_of_row)
+    response_logits = model(
+        input_ids=batch.input_ids[:, width:],
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids[:, width:],
+        past_key_values=cache,
+        use_cache=True,
+    ).logits
+    # the last prompt position predicts response token 0; response position t predicts token t + 1
+    return torch.cat([last_prompt_logits[prompt_of_row], response_logits[:, :-1]], dim=1)
 
 
 def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> PackedBatch:

@@ -30,7 +30,7 @@ from tasks.core_algos import (
 )
 from tasks.reward import score_texts
 from tasks.rollout import Completion, HFEngine, RolloutEngine, Sampling
-from tasks.sequences import PackedBatch
+from tasks.sequences import PackedBatch, shared_prompt_logits
 from tasks.training import adamw_with_cosine, make_deterministic, rng_state, set_rng_state
 
 
@@ -38,7 +38,7 @@ def response_logprobs(
     model: PreTrainedModel, batch: PackedBatch, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-probs of the response tokens, their logits) under ``model`` at ``temperature``: (B, T), (B, T, V)."""
-    logits = batch.response_logits(model(**batch.model_inputs()).logits).float() / temperature
+    logits = shared_prompt_logits(model, batch).float() / temperature
     return token_logprobs(logits, batch.response_ids), logits
 
 
@@ -138,7 +138,8 @@ class ActorWorker(_TrainedRole):
                 eps_high=cfg.clip_high,
                 max_length=cfg.max_new_tokens,
             )
-            entropy = masked_mean(entropy_from_logits(logits), mask)
+            with torch.set_grad_enabled(cfg.entropy_coef != 0):  # a metric only, unless it is in the loss
+                entropy = masked_mean(entropy_from_logits(logits), mask)
             loss = policy_loss - cfg.entropy_coef * entropy
             if kl_estimator is not None:
                 loss = loss + kl_coef * masked_mean(kl_estimator(logprobs, ref_logprobs[rows].to(device)), mask)

@@ -9,13 +9,13 @@ from hypothesis import strategies as st
 
 from models import load_policy, load_tokenizer
 from tasks.config import RLConfig
-from tasks.core_algos import POLICY_LOSSES, adaptive_kl_coef, explained_variance
+from tasks.core_algos import POLICY_LOSSES, adaptive_kl_coef, explained_variance, token_logprobs
 from tasks.judge import gold_utility, prefers_first
 from tasks.params import load_params
 from tasks.problems import Example
 from tasks.rl import RunningMoments, alarms, prepare_scores
 from tasks.rollout import HFEngine, Sampling, sample_tokens
-from tasks.sequences import pack, pack_text
+from tasks.sequences import pack, pack_text, shared_prompt_logits
 from tasks.workers import ActorWorker, response_logprobs
 from tests.conftest import REPO, tiny_model
 
@@ -91,6 +91,23 @@ def test_sampled_tokens_follow_the_distribution_and_never_take_a_zero_probabilit
         frequencies = torch.bincount(draws[:, row], minlength=probs.shape[1]) / len(draws)
         assert (frequencies[probs[row] == 0] == 0).all()
         assert torch.allclose(frequencies, probs[row], atol=0.015), frequencies
+
+
+def test_rows_sharing_a_prompt_give_the_numbers_and_gradients_of_one_pass_over_every_row(model_dir):
+    model, tokenizer = load_policy(model_dir, CPU), load_tokenizer(model_dir)
+    prompts = ["1+2=", "123*4=", "1+2=", "98-7=", "123*4=", "1+2="]
+    responses = ["<think>x</think>", "<a>1</a>", "9", "<answer>91</answer>", "<think>1</think>", "<a>33</a>"]
+    batch = pack_text(tokenizer, prompts, responses)
+
+    def logprobs_and_gradients(logits: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        logprobs = token_logprobs(logits.float(), batch.response_ids) * batch.response_mask
+        return logprobs, torch.autograd.grad(logprobs.sum(), list(model.parameters()))
+
+    shared, shared_gradients = logprobs_and_gradients(shared_prompt_logits(model, batch))
+    every_row, gradients = logprobs_and_gradients(batch.response_logits(model(**batch.model_inputs()).logits))
+    assert torch.allclose(shared, every_row, atol=1e-5)
+    for ours, theirs in zip(shared_gradients, gradients, strict=True):
+        assert torch.allclose(ours, theirs, atol=1e-5, rtol=1e-4)
 
 
 def test_a_rows_numbers_do_not_depend_on_its_batchs_padding(model_dir):
