@@ -20,7 +20,7 @@ def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     for key, value in metrics.items():
         if isinstance(value, dict):
             flat.update(_flatten(value, f"{prefix}{key}/"))
-        elif key != "step":
+        elif prefix or key != "step":  # dvclive's step counter, not a nested metric named step
             flat[f"{prefix}{key}"] = value
     return flat
 

@@ -71,7 +71,7 @@ def last_token_index(mask: torch.Tensor) -> torch.Tensor:
 def shaped_rewards(scores: torch.Tensor, mask: torch.Tensor, kl_penalty: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token rewards: the sequence score at its last token, minus ``kl_penalty`` (β·log π/π_ref, (B, T))
     at every token when the KL is in the reward."""
-    rewards = torch.zeros(mask.shape, dtype=scores.dtype) if kl_penalty is None else -kl_penalty * mask
+    rewards = torch.zeros_like(mask, dtype=scores.dtype) if kl_penalty is None else -kl_penalty * mask
     rows = torch.arange(len(scores), device=scores.device)
     rewards[rows, last_token_index(mask)] += scores
     return rewards

@@ -90,6 +90,7 @@ class HFEngine:
             attention_mask=attention_mask,
             position_ids=positions,
             past_key_values=cache,
+            use_cache=True,
             logits_to_keep=1,
         ).logits[:, -1]
         cache.batch_repeat_interleave(n)
@@ -125,6 +126,7 @@ class HFEngine:
                 attention_mask=attention_mask,
                 position_ids=next_position,
                 past_key_values=cache,
+                use_cache=True,
             ).logits[:, -1]
             next_position = next_position + 1
         lengths = lengths.tolist()

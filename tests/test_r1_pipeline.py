@@ -49,7 +49,14 @@ def test_r1_pipeline_runs_every_stage_and_reports_pass_rates_after_each_in_order
     for model in models:
         assert {"pass@1", "pass@k"} <= set(report[model]), model
     grpo = report["grpo"]
-    for name in ("train/zero_variance_groups", "train/entropy", "train/rewards/accuracy", "train/kl", "time/generate"):
+    for name in (
+        "train/zero_variance_groups",
+        "train/entropy",
+        "train/rewards/accuracy",
+        "train/kl",
+        "time/generate",
+        "time/step",
+    ):
         assert name in grpo, name
     assert 0.0 <= report["rejection@1"]["acceptance_rate"] <= 1.0
     assert "acceptance_rate_by_difficulty/addition" in report["rejection@1"]
