@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import GenerationConfig
@@ -75,16 +76,17 @@ def cold_start_model(project: Path | None, scratch: Path) -> Path:
     return project
 
 
-def measure(calls: dict, repeats: int) -> tuple[dict[str, float], list]:
-    """Median seconds of each call over ``repeats`` alternating rounds after a warm-up round, and the last rows."""
+def measure(calls: dict, repeats: int) -> tuple[dict[str, float], dict[str, Any]]:
+    """Each call's median seconds over ``repeats`` alternating rounds after a warm-up round, and its result."""
     seconds: dict[str, list[float]] = {label: [] for label in calls}
+    results = {}
     for _ in range(repeats + 1):
         for label, call in calls.items():
             torch.manual_seed(0)
             started = time.perf_counter()
-            rows = call()
+            results[label] = call()
             seconds[label].append(time.perf_counter() - started)
-    return {label: statistics.median(values[1:]) for label, values in seconds.items()}, rows
+    return {label: statistics.median(values[1:]) for label, values in seconds.items()}, results
 
 
 def main(project: Path | None, repeats: int) -> None:
@@ -99,20 +101,20 @@ def main(project: Path | None, repeats: int) -> None:
         f"cold-start model, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; "
         f"torch threads {torch.get_num_threads()}; median of {repeats}"
     )
-    print(f"{'workload':<32}{'generate':>10}{'engine':>10}{'speed-up':>10}{'mean length':>13}")
+    print(f"{'workload':<32}{'generate':>10}{'engine':>10}{'speed-up':>10}{'engine mean length':>20}")
     for name, (count, sampling) in WORKLOADS.items():
         batch = prompts[:count]
-        medians, rows = measure(
+        medians, results = measure(
             {
                 "generate": lambda batch=batch, sampling=sampling: generate_baseline(model, tokenizer, batch, sampling),
                 "engine": lambda batch=batch, sampling=sampling: engine.generate(batch, sampling),
             },
             repeats,
         )
-        length = sum(len(c.token_ids) for c in rows) / len(rows)
+        length = sum(len(c.token_ids) for c in results["engine"]) / len(results["engine"])
         print(
             f"{name:<32}{medians['generate']:>9.3f}s{medians['engine']:>9.3f}s"
-            f"{medians['generate'] / medians['engine']:>9.2f}x{length:>13.1f}"
+            f"{medians['generate'] / medians['engine']:>9.2f}x{length:>20.1f}"
         )
 
 

@@ -53,7 +53,7 @@ from tasks.rollout import Completion
 from tasks.sequences import pack
 from tasks.tracking import log_step, stage_live
 from tasks.training import Checkpointer, epoch_batch, fingerprint, make_deterministic, rng_state, set_rng_state
-from tasks.workers import Worker, place
+from tasks.workers import Worker, place, updates_per_rollout
 
 HACKING_WINDOW = 10  # iterations compared when looking for reward up while gold reward goes down
 
@@ -226,7 +226,7 @@ def learn(
     # One update per rollout: π_old is the actor as it is, and the update's own forward pass gives its
     # log-probs; a pass beforehand would compute the same numbers (unless the KL is in the reward, which
     # needs them before the advantages).
-    single_update = cfg.epochs == 1 and len(mask) <= cfg.minibatch_size and not cfg.kl_in_reward
+    single_update = updates_per_rollout(len(mask), cfg) == 1 and not cfg.kl_in_reward
     passes = [(name, role, method) for name, role, method in _PASSES if role in roles]
     if single_update:
         passes = [(name, role, method) for name, role, method in passes if name != "logprobs"]
@@ -354,7 +354,7 @@ def train(params: Params, cfg: RLConfig, stage: str, init_dir: Path, train_file:
             logged = {name: float(f"{value:.6g}") for name, value in metrics.items()}
             state.history.append((state.step, logged))
             log_step(live, state.step, logged)
-            clock["time/step"] = time.perf_counter() - started  # the phases and the bookkeeping around them
+            clock["time/step"] = time.perf_counter() - started  # the phases and the bookkeeping (checkpoints aside)
             log_step(live, state.step, {name: round(seconds, 4) for name, seconds in clock.items()}, prefix="")
             progress.set_postfix(reward=logged.get("reward"), gold=logged.get("gold_reward"))
             if rollout is not None:

@@ -1,7 +1,7 @@
 """Rollout engines: turn prompts into sampled or greedy completions.
 
-Stages talk to the ``RolloutEngine`` protocol, so the backend is a param: Hugging
-Face ``generate`` (the default for small models and CPUs) or vLLM
+Stages talk to the ``RolloutEngine`` protocol, so the backend is a param: a sampling
+loop over a Hugging Face model (the default for small models and CPUs) or vLLM
 (``tasks/vllm_engine.py``). An engine reports the log-probability it sampled each
 token with, so a trainer can measure how far the engine's numbers drift from its own,
 and takes the trainer's weights in place after each policy update.
@@ -140,5 +140,7 @@ def sample_tokens(probs: torch.Tensor) -> torch.Tensor:
     """One token per row of ``probs`` (R, V): one uniform draw per row against the cumulative distribution
     (``torch.multinomial`` draws V exponentials per row). A token of probability 0 is never drawn."""
     cumulative = probs.cumsum(-1)
-    draw = torch.rand(len(probs), 1, device=probs.device) * cumulative[:, -1:]
+    total = cumulative[:, -1:]
+    # below the total even when the product rounds up, so the draw lands on a token of non-zero probability
+    draw = torch.minimum(torch.rand(len(probs), 1, device=probs.device) * total, torch.nextafter(total, total * 0))
     return torch.searchsorted(cumulative, draw, right=True).squeeze(-1)

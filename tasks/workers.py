@@ -10,6 +10,7 @@ process (``colocate``) or on its own Ray actor with the resources ``roles`` give
 the trainer calls both the same way and may run calls on different roles concurrently.
 """
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,11 @@ def response_logprobs(
 def _minibatches(size: int, minibatch_size: int, epochs: int) -> list[torch.Tensor]:
     """Row indices of every minibatch of ``epochs`` shuffled passes (torch's seeded generator)."""
     return [rows for _ in range(epochs) for rows in torch.randperm(size).split(minibatch_size)]
+
+
+def updates_per_rollout(rows: int, cfg: RLConfig) -> int:
+    """How many optimizer steps the actor takes on a rollout of ``rows`` responses: one per minibatch."""
+    return cfg.epochs * math.ceil(rows / cfg.minibatch_size)
 
 
 def _make_engine(params: Params, cfg: RLConfig, model: PreTrainedModel, tokenizer, model_dir: Path) -> RolloutEngine:
@@ -121,14 +127,15 @@ class ActorWorker(_TrainedRole):
         minibatches = _minibatches(len(advantages), cfg.minibatch_size, cfg.epochs)
         if old_logprobs is None and len(minibatches) > 1:
             raise ValueError(f"{len(minibatches)} updates per rollout need the old log-probs computed before them")
-        sampled_logprobs = torch.zeros_like(advantages) if old_logprobs is None else old_logprobs
+        from_update = old_logprobs is None
+        old_logprobs = torch.zeros_like(advantages) if from_update else old_logprobs
         for rows in minibatches:
             part = batch.select(rows).to(device)
             logprobs, logits = response_logprobs(self.model, part, cfg.temperature)
             mask = part.response_mask
-            if old_logprobs is None:
-                sampled_logprobs[rows] = logprobs.detach().cpu()
-            old = sampled_logprobs[rows].to(device)
+            if from_update:
+                old_logprobs[rows] = logprobs.detach().cpu()
+            old = old_logprobs[rows].to(device)
             policy_loss, clip_fraction = policy_loss_fn(
                 logprobs,
                 old,
@@ -155,7 +162,7 @@ class ActorWorker(_TrainedRole):
                 totals[name] += value.item() / len(minibatches)
         self.scheduler.step()
         self.engine.sync_weights(self.model)
-        return totals, sampled_logprobs
+        return totals, old_logprobs
 
     def weights(self) -> dict[str, torch.Tensor]:
         return {name: tensor.detach().cpu().clone() for name, tensor in self.model.state_dict().items()}

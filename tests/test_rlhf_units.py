@@ -51,15 +51,15 @@ def test_trainer_logprobs_of_a_rollout_equal_the_engines(model_dir):
 
 
 def test_greedy_sampling_is_transformers_greedy_generate_token_for_token(model_dir):
-    """The HF engine's own loop (one prefill per prompt, ended rows leave the batch) decodes what
-    ``generate`` decodes, for prompts of different lengths whose rows end at different steps."""
+    """The HF engine's own loop (one prefill per prompt copied to its n samples, ended rows leave the batch)
+    decodes what ``generate`` decodes, for prompts of different lengths whose rows end at different steps."""
     model, tokenizer = load_policy(model_dir, CPU), load_tokenizer(model_dir)
     torch.manual_seed(1)
     with torch.no_grad():  # weights large enough that greedy continuations depend on the prompt
         for parameter in model.parameters():
             parameter.normal_(0, 0.3)
     prompts = ["1+2=", "123*4=", "98-7=", "5=", "77+3="]
-    greedy = Sampling(24, greedy=True)
+    greedy = Sampling(24, n=2, greedy=True)
     unended = [c.token_ids for c in HFEngine(model, tokenizer, batch_size=8).generate(prompts, greedy)]
 
     def ends(token: int) -> set[int]:
@@ -70,9 +70,10 @@ def test_greedy_sampling_is_transformers_greedy_generate_token_for_token(model_d
     tokenizer.eos_token = tokenizer.convert_ids_to_tokens(max(sorted(said), key=lambda token: len(ends(token))))
     assert len(ends(tokenizer.eos_token_id)) >= 3
     completions = HFEngine(model, tokenizer, batch_size=3).generate(prompts, greedy)
+    assert [c.prompt_index for c in completions] == [i for i in range(len(prompts)) for _ in range(2)]
     tokenizer.padding_side = "left"
-    for prompt, completion in zip(prompts, completions, strict=True):
-        inputs = tokenizer([prompt], return_tensors="pt")
+    for completion in completions:
+        inputs = tokenizer([prompts[completion.prompt_index]], return_tensors="pt")
         expected = model.generate(
             **inputs, max_new_tokens=24, do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=0
         )
