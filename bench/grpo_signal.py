@@ -18,14 +18,12 @@ A scratch clone of this repo builds data, base and sft_cold first (params overri
 """
 
 import argparse
-import os
-import subprocess
-import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 import torch
+from scratch import cold_start_project
 from tqdm.auto import tqdm
 
 from models import load_tokenizer
@@ -41,9 +39,6 @@ from tasks.rollout import Completion
 from tasks.sequences import finished_response_ids
 from tasks.training import make_deterministic
 from tasks.workers import Worker, place
-
-REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 
 
 def register_bench_estimators(configured: str) -> None:
@@ -114,11 +109,7 @@ def leg(project: Path, params: Params, name: str, iterations: int, every: int) -
 
 def main(iterations: int, every: int, overrides: list[str]) -> None:
     with tempfile.TemporaryDirectory() as scratch:
-        project = Path(scratch) / "project"
-        subprocess.run(["git", "clone", "--quiet", str(REPO), str(project)], check=True)
-        for stage in ("data", "base", "sft_cold"):
-            command = ["alignflow", "stage", stage, *overrides]
-            subprocess.run(command, cwd=project, env=ENV, check=True, stdout=subprocess.DEVNULL)
+        project = cold_start_project(Path(scratch) / "project", overrides)
         params = load_params(project / "params.yaml", overrides)
         register_bench_estimators(params.grpo.advantage)
         curves = {name: leg(project, params, name, iterations, every) for name in LEGS}

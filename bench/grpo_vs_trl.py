@@ -31,11 +31,10 @@ import venv
 from pathlib import Path
 
 import torch
+from scratch import REPO, cold_start_project, stage
 
-REPO = Path(__file__).resolve().parents[1]
 TRL_ENV = REPO / ".bench" / "trl"
 TRL_PACKAGES = ["torch==2.13.0", "transformers==5.19.0", "tokenizers==0.23.3", "trl==1.16.0"]
-ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 HELD_OUT = 1000
 SETTINGS = {  # grpo's defaults in params.yaml, where TRL has the setting
     "prompts_per_step": 32,
@@ -58,10 +57,6 @@ def trl_python() -> Path:
         subprocess.run([python, "-m", "pip", "install", "--quiet", TRL_PACKAGES[0]], check=True)
         subprocess.run([python, "-m", "pip", "install", "--quiet", *TRL_PACKAGES], check=True)
     return python
-
-
-def stage(project: Path, *args: str) -> None:
-    subprocess.run(["alignflow", "stage", *args], cwd=project, env=ENV, check=True, stdout=subprocess.DEVNULL)
 
 
 def _plot(project: Path, name: str) -> list[float]:
@@ -136,11 +131,7 @@ TRL_LEGS = {"TRL, as shipped (gradient checkpointing)": True, "TRL, gradient che
 def main(steps: int) -> None:
     trl_python()
     with tempfile.TemporaryDirectory() as scratch:
-        project = Path(scratch) / "project"
-        subprocess.run(["git", "clone", "--quiet", str(REPO), str(project)], check=True)
-        stage(project, "data", f"data.num_test={HELD_OUT}")
-        for name in ("base", "sft_cold"):
-            stage(project, name)
+        project = cold_start_project(Path(scratch) / "project", [f"data.num_test={HELD_OUT}"])
         start = pass_at_1(project, project / "artifacts/sft_cold")
         legs, finals = {"alignflow": alignflow_leg(project, steps)}, {}
         finals["alignflow"] = pass_at_1(project, project / "artifacts/grpo")

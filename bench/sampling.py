@@ -15,23 +15,20 @@ reported.
 """
 
 import argparse
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from scratch import cold_start_project
 from transformers import GenerationConfig
 
 from models import load_policy, load_tokenizer
 from tasks.datasets import read_examples
 from tasks.rollout import HFEngine, Sampling
 
-REPO = Path(__file__).resolve().parents[1]
 WORKLOADS = {
     "GRPO rollout, 32 prompts x 8": (32, Sampling(64, n=8)),
     "pass@k sampling, 200 x 8": (200, Sampling(64, n=8)),
@@ -66,16 +63,6 @@ def generate_baseline(model, tokenizer, prompts: list[str], sampling: Sampling) 
     return rows
 
 
-def cold_start_model(project: Path | None, scratch: Path) -> Path:
-    if project is None:
-        project = scratch / "project"
-        subprocess.run(["git", "clone", "--quiet", str(REPO), str(project)], check=True)
-        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-        for stage in ("data", "base", "sft_cold"):
-            subprocess.run(["alignflow", "stage", stage], cwd=project, env=env, check=True, stdout=subprocess.DEVNULL)
-    return project
-
-
 def measure(calls: dict, repeats: int) -> tuple[dict[str, float], dict[str, Any]]:
     """Each call's median seconds over ``repeats`` alternating rounds after a warm-up round, and its result."""
     seconds: dict[str, list[float]] = {label: [] for label in calls}
@@ -91,7 +78,7 @@ def measure(calls: dict, repeats: int) -> tuple[dict[str, float], dict[str, Any]
 
 def main(project: Path | None, repeats: int) -> None:
     with tempfile.TemporaryDirectory() as scratch:
-        project = cold_start_model(project, Path(scratch))
+        project = project or cold_start_project(Path(scratch) / "project")
         model_dir = project / "artifacts/sft_cold"
         model, tokenizer = load_policy(model_dir, torch.device("cpu")), load_tokenizer(model_dir)
         prompts = [e.prompt for e in read_examples(project / "artifacts/data/test.jsonl")]

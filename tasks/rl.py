@@ -227,10 +227,11 @@ def learn(
     # log-probs; a pass beforehand would compute the same numbers (unless the KL is in the reward, which
     # needs them before the advantages).
     single_update = updates_per_rollout(len(mask), cfg) == 1 and not cfg.kl_in_reward
-    passes = [(name, role, method) for name, role, method in _PASSES if role in roles]
-    if single_update:
-        passes = [(name, role, method) for name, role, method in passes if name != "logprobs"]
-    pending = {name: roles[role].call(method, batch) for name, role, method in passes}
+    pending = {
+        name: roles[role].call(method, batch)
+        for name, role, method in _PASSES
+        if role in roles and not (single_update and name == "logprobs")
+    }
     out = {name: call.result() for name, call in pending.items()}
     old_logprobs, ref_logprobs, values = out.get("logprobs"), out.get("ref_logprobs"), out.get("values")
     passed = time.perf_counter()
@@ -354,7 +355,8 @@ def train(params: Params, cfg: RLConfig, stage: str, init_dir: Path, train_file:
             logged = {name: float(f"{value:.6g}") for name, value in metrics.items()}
             state.history.append((state.step, logged))
             log_step(live, state.step, logged)
-            clock["time/step"] = time.perf_counter() - started  # the phases and the bookkeeping (checkpoints aside)
+            # the phases and the bookkeeping around them; alarms and checkpoints come after
+            clock["time/step"] = time.perf_counter() - started
             log_step(live, state.step, {name: round(seconds, 4) for name, seconds in clock.items()}, prefix="")
             progress.set_postfix(reward=logged.get("reward"), gold=logged.get("gold_reward"))
             if rollout is not None:
