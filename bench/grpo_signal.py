@@ -1,6 +1,6 @@
 """GRPO's learning signal against the noise of its updates, side by side from one cold start.
 
-Three legs run the RL trainer's own ``collect`` and ``learn`` (``tasks/rl.py``) with ``params.grpo``,
+Three legs run the RL trainer's own ``collect`` and ``learn`` (``tasks/rl/trainer.py``) with ``params.grpo``,
 from the same cold-start model, on the same prompts; only the advantages differ:
 
   grpo      the configured estimator's advantages, as the ``grpo`` stage computes them;
@@ -27,18 +27,18 @@ from scratch import cold_start_project
 from tqdm.auto import tqdm
 
 from models import load_tokenizer
-from tasks import rl
-from tasks.config import Params
-from tasks.core_algos import ADVANTAGE_ESTIMATORS, register_advantage
-from tasks.datasets import read_examples
-from tasks.eval import greedy_responses
-from tasks.params import load_params
-from tasks.problems import Example
-from tasks.rewards import RewardScorer
-from tasks.rollout import Completion
-from tasks.sequences import finished_response_ids
-from tasks.training import make_deterministic
-from tasks.workers import Worker, place
+from tasks.common.config import Params
+from tasks.common.params import load_params
+from tasks.common.training import make_deterministic
+from tasks.data.datasets import read_examples
+from tasks.data.problems import Example
+from tasks.rl import trainer as rl
+from tasks.rl.core_algos import ADVANTAGE_ESTIMATORS, register_advantage
+from tasks.rl.rewards import RewardScorer
+from tasks.rl.sequences import finished_response_ids
+from tasks.rl.workers import Worker, place
+from tasks.rollout.engine import Completion
+from tasks.stages.eval import greedy_responses
 
 
 def register_bench_estimators(configured: str) -> None:

@@ -114,10 +114,10 @@ def trl_leg(project: Path, steps: int, output_dir: Path, checkpointing: bool) ->
 
 def pass_at_1(project: Path, model: Path) -> float:
     from models import load_policy, load_tokenizer
-    from tasks.datasets import read_examples
-    from tasks.eval import evaluate
-    from tasks.params import load_params
-    from tasks.rollout import HFEngine
+    from tasks.common.params import load_params
+    from tasks.data.datasets import read_examples
+    from tasks.rollout.hf_engine import HFEngine
+    from tasks.stages.eval import evaluate
 
     params = load_params(project / "params.yaml")
     engine = HFEngine(load_policy(model, torch.device("cpu")), load_tokenizer(model), params.eval.batch_size)

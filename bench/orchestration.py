@@ -49,7 +49,7 @@ import psutil
 
 from flows.catalog import PIPELINES
 from flows.local_server import local_prefect_server
-from tasks.cluster import LOCAL_RAY
+from tasks.common.cluster import LOCAL_RAY
 
 REPO = Path(__file__).resolve().parents[1]
 # Ray enables token authentication by default (the token in ~/.ray/auth_token), but a client joining a cluster by

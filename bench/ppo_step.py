@@ -1,7 +1,7 @@
 """PPO iteration time split by phase (generate / score / train), per rollout backend, side by side.
 
-Runs ``--steps`` PPO iterations on this project's ``artifacts/sft`` and ``artifacts/reward``
-(run `alignflow repro rlhf`, or the stages up to `reward`, first) for each backend
+Runs ``--steps`` PPO iterations on this project's ``artifacts/sft`` and ``artifacts/reward_model``
+(run `alignflow repro rlhf`, or the stages up to `reward_model`, first) for each backend
 available (hf always; vllm when installed), after one warm-up iteration, and prints the
 mean seconds per phase, each phase's share, and backend ratios.
 
@@ -13,15 +13,14 @@ import sys
 from importlib.util import find_spec
 
 from models import load_tokenizer
-from tasks.artifacts import DATA_DIR, model_dir
-from tasks.config import ConfigError
-from tasks.datasets import read_examples
-from tasks.params import load_params
-from tasks.reward import member_dirs
-from tasks.rewards import RewardScorer
-from tasks.rl import LoopState, collect, learn, needed_roles
-from tasks.training import make_deterministic
-from tasks.workers import place
+from tasks.common.artifacts import DATA_DIR, member_dirs, model_dir
+from tasks.common.config import ConfigError
+from tasks.common.params import load_params
+from tasks.common.training import make_deterministic
+from tasks.data.datasets import read_examples
+from tasks.rl.rewards import RewardScorer
+from tasks.rl.trainer import LoopState, collect, learn, needed_roles
+from tasks.rl.workers import place
 
 PHASES = ("time/generate", "time/score", "time/train")
 

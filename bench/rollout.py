@@ -23,10 +23,11 @@ from pathlib import Path
 import torch
 
 from models import build_char_tokenizer, build_tiny_llama, load_policy, load_tokenizer
-from tasks.config import ArithmeticConfig, BaseConfig
-from tasks.problems import arithmetic
-from tasks.rollout import HFEngine, RolloutEngine, Sampling
-from tasks.vllm_engine import VLLMEngine
+from tasks.common.config import ArithmeticConfig, BaseConfig
+from tasks.data.problems import arithmetic
+from tasks.rollout.engine import RolloutEngine, Sampling
+from tasks.rollout.hf_engine import HFEngine
+from tasks.rollout.vllm_engine import VLLMEngine
 
 MODEL = BaseConfig(hidden_size=512, num_layers=8, num_heads=8, intermediate_size=1408, max_position_embeddings=128)
 SEED = 0

@@ -1,6 +1,6 @@
 """Sampling speed: the HF engine's own loop against transformers' ``generate``, same model, prompts and sampling.
 
-The engine (``tasks/rollout.py``) prefills each prompt once for its n samples and drops a row from
+The engine (``tasks/rollout/hf_engine.py``) prefills each prompt once for its n samples and drops a row from
 the batch at its end-of-sequence. The baseline is ``model.generate`` with ``num_return_sequences``
 (log-probs from its output logits), which prefills every sample and computes every row until the
 longest one ends. The model is the default task's cold-start SFT model, whose completions end at
@@ -26,8 +26,9 @@ from scratch import cold_start_project
 from transformers import GenerationConfig
 
 from models import load_policy, load_tokenizer
-from tasks.datasets import read_examples
-from tasks.rollout import HFEngine, Sampling
+from tasks.data.datasets import read_examples
+from tasks.rollout.engine import Sampling
+from tasks.rollout.hf_engine import HFEngine
 
 WORKLOADS = {
     "GRPO rollout, 32 prompts x 8": (32, Sampling(64, n=8)),

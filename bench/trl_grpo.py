@@ -2,7 +2,7 @@
 
 Runs in a virtual environment of its own that has TRL (the bench creates it); reads its
 settings as JSON from argv[1] and writes the measured step times and token counts as JSON to
-argv[2]. The rewards are alignflow's verifiers (``tasks.problems``, on PYTHONPATH), weighted as
+argv[2]. The rewards are alignflow's verifiers (``tasks.data.problems``, on PYTHONPATH), weighted as
 in the alignflow leg: accuracy and format.
 """
 
@@ -15,7 +15,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from tasks.problems import Example, score_response
+from tasks.data.problems import Example, score_response
 
 
 def _example(prompts: list[str], rows: dict, index: int) -> Example:

@@ -8,30 +8,23 @@ import sys
 from collections.abc import Sequence
 
 from flows.catalog import PIPELINES
+from tasks.common.config import stage_kinds
+from tasks.common.registry import usage_name
 
-DESCRIPTION = """\
-alignflow: declarative, reproducible LLM post-training pipelines.
 
-The pipelines are declared in dvc.yaml (stages, inputs, outputs) and params.yaml
-(every stage's settings). Run one with `alignflow repro PIPELINE` (`dvc repro` of its
-final stages; `dvc repro` alone runs them all): only stages whose inputs or params
-changed run again. Each stage is also a command of its own.
+def _description() -> str:
+    """The CLI's help, its pipelines and stages read from the catalog and the stage registry."""
+    stages = [(usage_name(kind), kind.description) for kind, _ in stage_kinds().values()]
+    width = max(len(name) for name, _ in stages) + 3
+    return (
+        "alignflow: declarative, reproducible LLM post-training pipelines.\n\n"
+        "The pipelines are declared in dvc.yaml (stages, inputs, outputs) and params.yaml\n"
+        "(every stage's settings). Run one with `alignflow repro PIPELINE` (`dvc repro` of its\n"
+        "final stages; `dvc repro` alone runs them all): only stages whose inputs or params\n"
+        "changed run again. Each stage is also a command of its own.\n\n"
+        f"Pipelines: {', '.join(PIPELINES)}. Stages:\n" + "\n".join(f"  {name:<{width}}{what}" for name, what in stages)
+    )
 
-Pipelines: sft (the default), rlhf, r1, r1_zero. Stages:
-  data               generate seeded train/held-out problem splits (or read your JSONL)
-  base               build the tiny built-in model, or load base.model_path
-  sft                supervised fine-tuning on worked solutions (resumes after a crash)
-  preferences        sample K responses per prompt from sft, label pairs with the noisy gold judge
-  reward             Bradley-Terry reward model(s) on the pairs; held-out pairwise accuracy
-  ppo                PPO: actor, critic, reference, reward roles; KL-shaped rewards, GAE (resumes)
-  sft_cold           R1 cold start: SFT on a small set of worked solutions
-  grpo               R1 reasoning RL: GRPO-family RL with verifiable rewards (resumes)
-  grpo_zero          R1-Zero: the same RL straight from the base model
-  rejection@ROUND    R1 rejection sampling from the round's policy, verified, deduplicated
-  sft_rs@ROUND       R1 SFT on the round's rejection-sampled data
-  grpo_final@ROUND   R1 final RL of the round with mixed rewards
-  eval@MODEL         held-out pass@1, pass@k, gold reward, format rate, response length of MODEL
-"""
 
 EPILOG = """\
 examples:
@@ -45,7 +38,10 @@ examples:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="alignflow", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="alignflow",
+        description=_description(),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -92,10 +88,10 @@ def _quiet_libraries() -> None:
 
 
 def _run_stage(args: argparse.Namespace) -> None:
-    from tasks import check_stage_name, run_stage
-    from tasks.params import load_params
+    from tasks.common.params import load_params
+    from tasks.common.registry import parse_stage_name, run_stage
 
-    check_stage_name(args.name)
+    parse_stage_name(args.name)
     params = load_params(args.params, args.overrides)
     _quiet_libraries()
     run_stage(args.name, params)
@@ -106,8 +102,8 @@ def _run_pipeline(args: argparse.Namespace) -> None:
 
     from omegaconf import OmegaConf
 
-    from tasks.cluster import connect_ray
-    from tasks.params import load_params
+    from tasks.common.cluster import connect_ray
+    from tasks.common.params import load_params
 
     params = load_params("params.yaml", args.overrides)  # the same messages as `alignflow stage`, before Prefect starts
     # Ray's start-up mostly waits on its daemons, Prefect's import mostly computes: overlap the two.
@@ -133,7 +129,7 @@ def _repro(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> None:
     from flows.deployments import serve_pipelines
-    from tasks.params import load_params
+    from tasks.common.params import load_params
 
     serve_pipelines(load_params("params.yaml"))
 
@@ -147,8 +143,8 @@ def _report(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from tasks.config import ConfigError
-    from tasks.datasets import DatasetError
+    from tasks.common.config import ConfigError
+    from tasks.data.datasets import DatasetError
 
     try:
         commands = {"stage": _run_stage, "repro": _repro, "run": _run_pipeline, "serve": _serve, "report": _report}

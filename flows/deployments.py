@@ -13,8 +13,8 @@ from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLi
 from prefect.deployments.runner import EntrypointType
 
 from flows.pipelines import FLOWS
-from tasks.cluster import connect_ray
-from tasks.config import Params
+from tasks.common.cluster import connect_ray
+from tasks.common.config import Params
 
 
 def serve_pipelines(params: Params) -> None:

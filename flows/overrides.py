@@ -2,7 +2,7 @@
 
 Prefect builds a deployment's form (and validates runs created through its API)
 from the flow's signature; the flow takes one ``Overrides`` argument, a pydantic
-model mirroring ``tasks.config.Params`` section by section with every field
+model mirroring ``tasks.common.config.Params`` section by section with every field
 optional (unset: keep params.yaml) and carrying the same help, ranges and
 choices. The flow then re-validates through ``load_params``, so cross-field rules
 (max length vs prompt length, paths that must exist) hold for UI runs exactly as
@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from tasks.config import Params
+from tasks.common.config import Params
+from tasks.common.params import choices
 
 # Where work is placed (Ray addresses, resources) is the deployment's business, not a run's: it stays in params.yaml.
 _PLACEMENT = ("runner", "roles")
@@ -23,8 +24,8 @@ _PLACEMENT = ("runner", "roles")
 
 def _field(annotation: Any, f: dataclasses.Field) -> tuple[Any, Any]:
     checks = f.metadata
-    if "choices" in checks:
-        annotation = Literal[tuple(checks["choices"])]
+    if (allowed := choices(f)) is not None:
+        annotation = Literal[allowed]
     bounds = {name: checks[name] for name in ("gt", "ge", "le") if name in checks}
     return annotation | None, Field(None, description=checks.get("help"), **bounds)
 

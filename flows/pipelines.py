@@ -1,4 +1,4 @@
-"""Prefect flows, one per pipeline, each running its part of dvc.yaml on Ray.
+"""Prefect flows, one per pipeline of the catalog, each running its part of dvc.yaml on Ray.
 
 A flow run: validate the overrides with the CLI's rules -> write them into
 params.yaml (as ``dvc exp run -S`` does, so dvc.lock records the values used) ->
@@ -33,10 +33,10 @@ from flows.runner import (
     record,
     start_run,
 )
-from tasks.artifacts import atomic_output
-from tasks.cluster import connect_ray, release_ray
-from tasks.config import RunnerConfig
-from tasks.params import load_params
+from tasks.common.artifacts import atomic_output
+from tasks.common.cluster import connect_ray, release_ray
+from tasks.common.config import RunnerConfig
+from tasks.common.params import load_params
 
 RUN_LOCK = Path(".alignflow") / "run.lock"
 _POLL_SECONDS = 0.5
@@ -123,24 +123,16 @@ def run_pipeline(name: str, overrides: list[str], project: Path) -> dict[str, di
     return report
 
 
-@flow(name="sft", description=PIPELINES["sft"].description, validate_parameters=True)
-def sft(overrides: Overrides | None = None) -> dict[str, dict[str, Any]]:
-    return run_pipeline("sft", to_dotlist(overrides), Path.cwd())
+def pipeline_flow(name: str) -> Flow:
+    """The Prefect flow of pipeline ``name``: its one parameter is the typed ``Overrides`` form."""
+
+    def run(overrides: Overrides | None = None) -> dict[str, dict[str, Any]]:
+        return run_pipeline(name, to_dotlist(overrides), Path.cwd())
+
+    # Deployments load a flow by module path (flows.pipelines.<name>), so each is a module attribute of its name.
+    run.__name__ = run.__qualname__ = name
+    return flow(run, name=name, description=PIPELINES[name].description, validate_parameters=True)
 
 
-@flow(name="rlhf", description=PIPELINES["rlhf"].description, validate_parameters=True)
-def rlhf(overrides: Overrides | None = None) -> dict[str, dict[str, Any]]:
-    return run_pipeline("rlhf", to_dotlist(overrides), Path.cwd())
-
-
-@flow(name="r1", description=PIPELINES["r1"].description, validate_parameters=True)
-def r1(overrides: Overrides | None = None) -> dict[str, dict[str, Any]]:
-    return run_pipeline("r1", to_dotlist(overrides), Path.cwd())
-
-
-@flow(name="r1_zero", description=PIPELINES["r1_zero"].description, validate_parameters=True)
-def r1_zero(overrides: Overrides | None = None) -> dict[str, dict[str, Any]]:
-    return run_pipeline("r1_zero", to_dotlist(overrides), Path.cwd())
-
-
-FLOWS: dict[str, Flow] = {"sft": sft, "rlhf": rlhf, "r1": r1, "r1_zero": r1_zero}
+FLOWS: dict[str, Flow] = {name: pipeline_flow(name) for name in PIPELINES}
+globals().update(FLOWS)

@@ -28,7 +28,7 @@ from dvc.repo import Repo
 from dvc.stage.exceptions import StageNotFound
 
 from flows.dag import dependencies_first, open_repo
-from tasks.config import RunnerConfig, StageResources
+from tasks.common.config import RunnerConfig, StageResources
 
 LOGS = Path(".alignflow") / "logs"
 # Set when the flow is interrupted (Ctrl-C, or Prefect cancelling the run): every stage waiting on

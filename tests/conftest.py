@@ -40,9 +40,9 @@ TINY = [
     "eval.max_new_tokens=48",
     "preferences.num_prompts=64",
     "preferences.max_new_tokens=48",
-    "reward.batch_size=8",
-    "reward.warmup_steps=2",
-    "reward.log_every=5",
+    "reward_model.batch_size=8",
+    "reward_model.warmup_steps=2",
+    "reward_model.log_every=5",
     "ppo.steps=4",
     "ppo.rollout_batch_size=16",
     "ppo.minibatch_size=8",
@@ -131,7 +131,7 @@ def resume_after_kill(stage: str, project: Path) -> str:
 def tiny_model(path: Path) -> Path:
     """A tiny random Llama and the character tokenizer saved in HF format at ``path``."""
     from models import build_char_tokenizer, build_tiny_llama
-    from tasks.config import BaseConfig
+    from tasks.common.config import BaseConfig
 
     tokenizer = build_char_tokenizer()
     config = BaseConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)

@@ -1,4 +1,4 @@
-"""Closed-form checks of the pure math in tasks/core_algos.py."""
+"""Closed-form checks of the pure math in tasks/rl/core_algos.py."""
 
 import math
 
@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.core_algos import masked_mean, pass_at_k, sft_loss, token_logprobs
+from tasks.rl.core_algos import masked_mean, pass_at_k, sft_loss, token_logprobs
 
 
 def test_sft_loss_is_cross_entropy_over_response_tokens_only():

@@ -16,7 +16,7 @@ from models import (
     load_reward_model,
     load_tokenizer,
 )
-from tasks.config import BaseConfig
+from tasks.common.config import BaseConfig
 from tests.conftest import tiny_model
 
 CPU = torch.device("cpu")

@@ -5,8 +5,8 @@ import pytest
 
 from flows.overrides import Overrides, to_dotlist
 from flows.pipelines import write_overrides
-from tasks.config import Params
-from tasks.params import fields_with_keys, load_params
+from tasks.common.config import Params
+from tasks.common.params import fields_with_keys, load_params
 from tests.conftest import REPO
 
 

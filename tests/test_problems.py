@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.config import ArithmeticConfig, CountdownConfig, TaskConfig
-from tasks.datasets import DatasetError, generate_splits
-from tasks.problems import Example, arithmetic, countdown, parse_response, score_response
+from tasks.common.config import ArithmeticConfig, CountdownConfig, TaskConfig
+from tasks.data.datasets import DatasetError, generate_splits
+from tasks.data.problems import Example, arithmetic, countdown, parse_response, score_response
 
 
 @settings(max_examples=200, deadline=None)

@@ -5,14 +5,15 @@ import subprocess
 
 import pytest
 
-from tasks.config import RejectionConfig
-from tasks.datasets import read_examples
-from tasks.problems import PROBLEMS, Example, score_response
-from tasks.rejection import accepted
+from tasks.common.config import RejectionConfig
+from tasks.common.params import load_params
+from tasks.data.datasets import read_examples
+from tasks.data.problems import PROBLEMS, Example, score_response
+from tasks.stages.rejection import accepted
 from tests.conftest import ENV, make_project, repro, resume_after_kill, stages_run
 
 R1_STAGES = {
-    "data", "base", "sft", "preferences", "reward", "sft_cold", "grpo", "rejection@1", "sft_rs@1", "grpo_final@1",
+    "data", "base", "sft", "preferences", "reward_model", "sft_cold", "grpo", "rejection@1", "sft_rs@1", "grpo_final@1",
     "eval@base", "eval@sft", "eval@sft_cold", "eval@grpo", "eval_sft_rs@1", "eval_grpo_final@1",
 }  # fmt: skip
 # 1-digit addition: easy enough that the test's tiny model is sometimes right, so rejection sampling keeps some;
@@ -58,7 +59,11 @@ def test_r1_pipeline_runs_every_stage_and_reports_pass_rates_after_each_in_order
         "time/step",
     ):
         assert name in grpo, name
-    assert 0.0 <= report["rejection@1"]["acceptance_rate"] <= 1.0
+    # Verified samples over all samples; the distinct ones kept (at most max_per_prompt a prompt) are among them.
+    rejection, cfg = report["rejection@1"], load_params(r1["path"] / "params.yaml").rejection
+    verified = rejection["acceptance_rate"] * cfg.num_prompts * cfg.samples_per_prompt
+    assert verified >= rejection["accepted"] > 0
+    assert rejection["accepted"] <= cfg.max_per_prompt * cfg.num_prompts
     assert "acceptance_rate_by_difficulty/addition" in report["rejection@1"]
 
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from tasks.problems import Example
-from tasks.rewards import RewardInputs, RewardScorer, resolve
+from tasks.data.problems import Example
+from tasks.rl.rewards import RewardInputs, RewardScorer, resolve
 
 EXAMPLE = Example("arithmetic", "12+30=", "42", "<think>2+0+0=2,1+3+0=4</think><answer>42</answer>")
 RESPONSES = [EXAMPLE.solution, "<think>2+0+0=2,1+3+0=5</think><answer>52</answer>", "42", "<think>"]

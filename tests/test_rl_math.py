@@ -1,4 +1,4 @@
-"""Closed-form properties of the RLHF math in tasks/core_algos.py."""
+"""Closed-form properties of the RLHF math in tasks/rl/core_algos.py."""
 
 import math
 
@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.core_algos import (
+from tasks.rl.core_algos import (
     KL_ESTIMATORS,
     bradley_terry_loss,
     clipped_policy_loss,

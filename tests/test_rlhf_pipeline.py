@@ -8,18 +8,18 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from models import load_tokenizer
-from tasks.artifacts import DATA_DIR, model_dir
-from tasks.datasets import read_examples, read_preferences
-from tasks.params import load_params
-from tasks.reward import member_dirs
-from tasks.rewards import RewardScorer
-from tasks.rl import LoopState, Rollout, learn, needed_roles, score
-from tasks.workers import place
+from tasks.common.artifacts import DATA_DIR, member_dirs, model_dir
+from tasks.common.params import load_params
+from tasks.data.datasets import read_examples, read_preferences
+from tasks.rl.rewards import RewardScorer
+from tasks.rl.sequences import score_texts
+from tasks.rl.trainer import LoopState, Rollout, learn, needed_roles, score
+from tasks.rl.workers import place
 from tests.conftest import ENV, make_project, repro, resume_after_kill, stages_run
 
 pytestmark = pytest.mark.slow
 
-RLHF_STAGES = {"data", "base", "sft", "preferences", "reward", "ppo", "eval@base", "eval@sft", "eval@ppo"}
+RLHF_STAGES = {"data", "base", "sft", "preferences", "reward_model", "ppo", "eval@base", "eval@sft", "eval@ppo"}
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +38,28 @@ def test_rlhf_pipeline_runs_every_stage_and_reports_reward_accuracy_and_gold_rew
     path = rlhf["path"]
     assert stages_run(rlhf["output"]) == RLHF_STAGES
     report = _report(path)
-    assert list(report) == ["data", "base", "sft", "preferences", "reward", "ppo"]
-    assert 0.0 <= report["reward"]["accuracy"] <= 1.0
-    for model in ("sft", "ppo"):
-        assert 0.0 <= report[model]["gold_reward"] <= 1.0
+    assert list(report) == ["data", "base", "sft", "preferences", "reward_model", "ppo"]
+    # The reported accuracy is the fraction of held-out pairs the reward model orders as the judge does.
+    model_path = member_dirs(path / "artifacts/reward_model")[0]
+    reward_model = AutoModelForSequenceClassification.from_pretrained(model_path)
+    judged = [
+        pair
+        for pair in read_preferences(path / "artifacts/preferences/test.jsonl")
+        if pair.gold_prefers_chosen is not None
+    ]
+    scores = score_texts(
+        reward_model,
+        load_tokenizer(model_path),
+        [pair.prompt for pair in judged] * 2,
+        [pair.chosen for pair in judged] + [pair.rejected for pair in judged],
+        batch_size=64,
+    ).view(2, -1)
+    agrees = [
+        (chosen > rejected) == pair.gold_prefers_chosen for pair, chosen, rejected in zip(judged, *scores, strict=True)
+    ]
+    assert report["reward_model"]["accuracy"] == pytest.approx(sum(agrees) / len(agrees), abs=1e-5)
+    # SFT taught the response format the gold judge rewards; the untrained base has none of it.
+    assert report["sft"]["gold_reward"] > report["base"]["gold_reward"] + 0.1
     ppo = report["ppo"]
     for name in ("kl", "kl_budget", "train/clip_fraction", "train/explained_variance", "time/generate", "time/score"):
         assert name in ppo
@@ -51,7 +69,7 @@ def test_rlhf_pipeline_runs_every_stage_and_reports_reward_accuracy_and_gold_rew
     pairs = read_preferences(path / "artifacts/preferences/train.jsonl")
     assert pairs and all(pair.gold_prefers_chosen is not None for pair in pairs)
     # Artifacts are Hugging Face directories: the reward model as a sequence scorer, the policy as a causal LM.
-    AutoModelForSequenceClassification.from_pretrained(path / "artifacts/reward/member-0")
+    AutoModelForSequenceClassification.from_pretrained(path / "artifacts/reward_model/member-0")
     AutoModelForCausalLM.from_pretrained(path / "artifacts/ppo")
 
 

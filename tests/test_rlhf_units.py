@@ -8,15 +8,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models import load_policy, load_tokenizer
-from tasks.config import RLConfig
-from tasks.core_algos import POLICY_LOSSES, adaptive_kl_coef, explained_variance, token_logprobs
-from tasks.judge import gold_utility, prefers_first
-from tasks.params import load_params
-from tasks.problems import Example
-from tasks.rl import RunningMoments, alarms, prepare_scores
-from tasks.rollout import HFEngine, Sampling, sample_tokens
-from tasks.sequences import pack, pack_text, shared_prompt_logits
-from tasks.workers import ActorWorker, response_logprobs
+from tasks.common.config import RLConfig
+from tasks.common.params import load_params
+from tasks.data.judge import gold_utility, prefers_first
+from tasks.data.problems import Example
+from tasks.rl.core_algos import POLICY_LOSSES, adaptive_kl_coef, explained_variance, token_logprobs
+from tasks.rl.sequences import pack, pack_text, shared_prompt_logits
+from tasks.rl.trainer import RunningMoments, alarms, prepare_scores
+from tasks.rl.workers import ActorWorker, response_logprobs
+from tasks.rollout.engine import Sampling
+from tasks.rollout.hf_engine import HFEngine, sample_tokens
 from tests.conftest import REPO, tiny_model
 
 CPU = torch.device("cpu")

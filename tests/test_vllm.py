@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from models import build_char_tokenizer, build_tiny_llama, load_policy, load_tokenizer
-from tasks.config import BaseConfig
-from tasks.core_algos import sft_loss, token_logprobs
-from tasks.rollout import HFEngine, Sampling
-from tasks.sequences import finished_response_ids
-from tasks.vllm_engine import VLLMEngine
+from tasks.common.config import BaseConfig
+from tasks.rl.core_algos import sft_loss, token_logprobs
+from tasks.rl.sequences import finished_response_ids
+from tasks.rollout.engine import Sampling
+from tasks.rollout.hf_engine import HFEngine
+from tasks.rollout.vllm_engine import VLLMEngine
 
-pytest.importorskip("vllm")  # tasks.vllm_engine imports it only when an engine is built
+pytest.importorskip("vllm")  # tasks.rollout.vllm_engine imports it only when an engine is built
 
 PROMPTS = ["12+34=", "7*8="]
 RESPONSES = ["<think>2+4=6,1+3=4</think><answer>46</answer>", "<think>7*8=56</think><answer>56</answer>"]

@@ -1,0 +1,49 @@
+"""Joining Ray: the cluster params name, or a local one sized to this machine."""
+
+import os
+import threading
+
+import ray
+
+from tasks.common.config import RunnerConfig
+
+_shutting_down: threading.Thread | None = None
+
+# A local Ray shares the machine's cores with the stages it runs, so it should be quiet when idle:
+LOCAL_RAY = {
+    "worker_niceness": 0,  # Ray runs workers at nice 15; stages must get the CPU share they get under `dvc repro`
+    "enable_worker_prestart": False,  # start workers on demand, not one idle worker per core
+    "num_workers_soft_limit": 1,  # keep one idle worker warm for the next stage, not one per core
+    "metrics_report_interval_ms": 60_000,  # nobody scrapes a local Ray's metrics
+    "task_events_report_interval_ms": 5_000,
+    "event_stats": False,
+}
+
+
+def connect_ray(runner: RunnerConfig) -> str:
+    """Join the cluster at ``runner.ray_address`` or RAY_ADDRESS, else start a local Ray once per process;
+    return the cluster's address."""
+    if _shutting_down is not None:
+        _shutting_down.join()
+    if not ray.is_initialized():
+        address = runner.ray_address or os.environ.get("RAY_ADDRESS")
+        if address:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+        else:  # "local": our own Ray, even when a `ray start` cluster runs here (ray.init() would join that)
+            ray.init(
+                address="local",
+                num_cpus=os.cpu_count(),
+                include_dashboard=False,
+                _system_config=LOCAL_RAY,
+                log_to_driver=False,
+                configure_logging=False,
+            )
+    return ray.get_runtime_context().gcs_address
+
+
+def release_ray() -> None:
+    """Leave Ray (stopping a local one) in the background: it takes a second or two, and nothing waits on it
+    but the next ``connect_ray`` (and the interpreter's exit)."""
+    global _shutting_down
+    _shutting_down = threading.Thread(target=ray.shutdown, name="ray-shutdown")
+    _shutting_down.start()

@@ -1,0 +1,500 @@
+"""Typed configuration: one dataclass per stage, the schema of params.yaml.
+
+omegaconf's structured configs reject unknown keys and values of the wrong type;
+the field metadata here adds ranges and choices, which ``tasks/common/params.py`` checks when
+it loads params.yaml. Each field's ``help`` documents it and feeds the CLI's ``--help``
+and the Prefect parameter form.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+PROBLEM_NAMES = ("arithmetic", "countdown")
+LR_SCHEDULES = ("constant", "cosine")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """A configuration that fails validation; the message names the offending key."""
+
+
+def param(default: Any, help: str, **checks: Any) -> Any:
+    """A documented field. ``checks``: gt, ge, le (numbers), choices, chars (allowed characters), or
+    registered: the name of a registry in ``tasks/rl/core_algos.py`` whose keys are the choices (plus
+    ``extra_choices``), so a new estimator or loss is one registered function and no edit here."""
+    return field(default=default, metadata={"help": help, **checks})
+
+
+def section(cls: type, help: str, *stages: StageKind) -> Any:
+    """A section of params.yaml; ``stages`` are the stage kinds that run with it (none for shared settings)."""
+    return field(default_factory=cls, metadata={"help": help, "stages": stages})
+
+
+@dataclass(frozen=True)
+class StageKind:
+    """A kind of pipeline stage, declared once beside the params section it runs with.
+
+    The CLI's help and stage lookup, params validation (which names are models), the Prefect
+    flows and the DAG tests read this; ``dvc.yaml`` declares the same stage's files, and a test
+    keeps the two in step.
+    """
+
+    name: str  # the stage's name in dvc.yaml (before any @)
+    entry: str  # "module:function" that runs it: function(params) or, with a target, function(params, target)
+    description: str  # one line, for `alignflow --help`
+    writes: str  # what it leaves under artifacts/<stage>: "model", "reward models", "dataset" or "evaluation"
+    # The artifacts it reads, as dvc.yaml names them: a stage ("data"), a section's model param ("${init}"),
+    # or its target ("${model}", "rejection@${round}", "${round.policy}").
+    reads: tuple[str, ...] = ()
+    target: str | None = None  # what follows @ in the stage's name: "round" or "model"
+
+
+@dataclass
+class ArithmeticConfig:
+    digits: int = param(3, "Digits per operand (the multiplier of '*' is one digit).", ge=1, le=12)
+    ops: str = param("+-*", "Operations to draw from, any of '+', '-', '*'.", chars="+-*")
+
+
+@dataclass
+class CountdownConfig:
+    count: int = param(3, "Numbers given per puzzle; each must be used exactly once.", ge=2, le=6)
+    max_number: int = param(40, "Numbers are drawn from 1..max_number.", ge=2)
+    max_target: int = param(100, "Upper bound on intermediate products, which bounds the target.", ge=10)
+    ops: str = param("+-", "Operations solutions use, any of '+', '-', '*', '/'; must include '+'.", chars="+-*/")
+
+
+@dataclass
+class TaskConfig:
+    name: str = param("countdown", "Problem family to train and evaluate on.", choices=PROBLEM_NAMES)
+    arithmetic: ArithmeticConfig = section(ArithmeticConfig, "Settings of the arithmetic family.")
+    countdown: CountdownConfig = section(CountdownConfig, "Settings of the countdown family.")
+
+
+@dataclass
+class DataConfig:
+    num_train: int = param(20000, "Generated training examples.", ge=1)
+    num_test: int = param(200, "Generated held-out examples (never overlapping the training split).", ge=1)
+    train_file: str | None = param(None, "A JSONL file of your own to train on instead of generating.")
+    test_file: str | None = param(None, "A JSONL file of your own to evaluate on instead of generating.")
+
+
+@dataclass
+class BaseConfig:
+    model_path: str | None = param(
+        None, "A Hugging Face model directory to start from; null builds the tiny built-in model."
+    )
+    hidden_size: int = param(96, "Tiny model: width of the residual stream.", ge=8)
+    num_layers: int = param(3, "Tiny model: transformer blocks.", ge=1)
+    num_heads: int = param(4, "Tiny model: attention heads (must divide hidden_size).", ge=1)
+    intermediate_size: int = param(384, "Tiny model: width of the MLP.", ge=8)
+    max_position_embeddings: int = param(128, "Tiny model: longest sequence it can attend over.", ge=16)
+
+
+@dataclass
+class SFTConfig:
+    lr: float = param(2e-3, "Peak AdamW learning rate.", gt=0)
+    weight_decay: float = param(0.01, "AdamW decoupled weight decay.", ge=0)
+    warmup_steps: int = param(50, "Linear warm-up steps before cosine decay.", ge=0)
+    max_steps: int = param(600, "Optimizer steps.", ge=1)
+    batch_size: int = param(64, "Sequences per optimizer step.", ge=1)
+    max_prompt_length: int = param(32, "Longest prompt in tokens; a longer one is an error.", ge=1)
+    max_length: int = param(96, "Longest prompt + response in tokens; a longer example is an error.", ge=2)
+    grad_clip: float = param(1.0, "Clip the global gradient norm to this value.", gt=0)
+    save_every: int = param(100, "Write a resumable checkpoint every N steps.", ge=1)
+    log_every: int = param(20, "Log training metrics every N steps.", ge=1)
+    init: str = param("base", "The model to start from: base, or a stage that trains one (sft_cold, grpo, ...).")
+    num_examples: int | None = param(None, "Train on the first N examples only; null: all of them.", ge=1)
+
+
+def _cold_start_defaults() -> SFTConfig:
+    return SFTConfig(max_steps=500, warmup_steps=20, num_examples=2000, save_every=50)
+
+
+def _sft_rs_defaults() -> SFTConfig:
+    return SFTConfig(max_steps=600)
+
+
+@dataclass
+class EvalConfig:
+    k: int = param(8, "Samples per prompt for pass@k.", ge=1)
+    temperature: float = param(1.0, "Sampling temperature for pass@k.", gt=0)
+    max_new_tokens: int = param(64, "Longest response generated.", ge=1)
+    batch_size: int = param(256, "Prompts per generation batch.", ge=1)
+
+
+@dataclass
+class StageResources:
+    num_cpus: float = param(1.0, "CPUs Ray reserves for the stage.", ge=0)
+    num_gpus: float = param(0.0, "GPUs Ray reserves for the stage (train on them with device: cuda).", ge=0)
+    memory_gb: float = param(0.0, "Memory Ray reserves for the stage, in GiB (0: no reservation).", ge=0)
+
+
+@dataclass
+class JudgeConfig:
+    """The hidden gold judge: a task-defined utility in [0, 1] (correctness first, then format, then concision)."""
+
+    label_noise: float = param(
+        0.55,
+        "Bradley-Terry noise of preference labels: P(a preferred) = sigmoid((u_a - u_b) / label_noise); "
+        "0 gives noise-free labels. The default makes training labels agree with the judge about 75% of the time.",
+        ge=0,
+    )
+
+
+@dataclass
+class PreferencesConfig:
+    num_prompts: int = param(4000, "Training prompts to sample responses for (from the training split).", ge=1)
+    samples_per_prompt: int = param(4, "Responses sampled per prompt (K); every pair of them is labelled.", ge=2)
+    temperature: float = param(1.0, "Sampling temperature of the SFT policy.", gt=0)
+    max_new_tokens: int = param(64, "Longest sampled response.", ge=1)
+    judge: JudgeConfig = section(JudgeConfig, "The gold judge that labels pairs.")
+    train_file: str | None = param(None, "Preference JSONL of your own to train the reward model on.")
+    test_file: str | None = param(None, "Preference JSONL of your own to evaluate the reward model on.")
+
+
+@dataclass
+class RewardModelConfig:
+    lr: float = param(1e-3, "Peak AdamW learning rate.", gt=0)
+    weight_decay: float = param(0.01, "AdamW decoupled weight decay.", ge=0)
+    warmup_steps: int = param(20, "Linear warm-up steps before cosine decay.", ge=0)
+    epochs: int = param(2, "Passes over the preference pairs.", ge=1)
+    batch_size: int = param(32, "Pairs per optimizer step.", ge=1)
+    grad_clip: float = param(1.0, "Clip the global gradient norm to this value.", gt=0)
+    ensemble_size: int = param(1, "Reward models trained from different seeds; PPO combines them.", ge=1)
+    log_every: int = param(20, "Log training metrics every N steps.", ge=1)
+
+
+def _default_roles() -> dict[str, StageResources]:
+    return {role: StageResources(num_cpus=0.5) for role in ("actor", "critic", "reference", "reward")}
+
+
+@dataclass
+class RLConfig:
+    """One RL stage: PPO, GRPO and their kin share this schema and one trainer (``tasks/rl/trainer.py``).
+
+    An iteration samples ``group_size`` responses for each of ``rollout_batch_size`` prompts, scores
+    them with ``rewards``, turns the scores into advantages with the ``advantage`` estimator and
+    takes ``epochs`` passes of ``policy_loss`` over them. Which math runs is chosen by name here;
+    the trainer never branches on an algorithm's name.
+    """
+
+    steps: int = param(150, "Iterations (roll out, score, update).", ge=1)
+    rollout_batch_size: int = param(128, "Prompts rolled out per iteration.", ge=1)
+    group_size: int = param(1, "Responses sampled per prompt (G); group advantages compare them.", ge=1)
+    minibatch_size: int = param(64, "Responses per gradient step.", ge=1)
+    epochs: int = param(2, "Passes over each rollout batch; epochs x minibatches = updates per batch (mu).", ge=1)
+    actor_lr: float = param(1e-4, "Policy AdamW peak learning rate.", gt=0)
+    critic_lr: float = param(5e-4, "Critic AdamW peak learning rate (estimators with a critic only).", gt=0)
+    warmup_steps: int = param(5, "Linear learning-rate warm-up, in iterations.", ge=0)
+    lr_schedule: str = param(
+        "constant", "After warm-up: constant, or cosine decay to 0 at the last iteration.", choices=LR_SCHEDULES
+    )
+    temperature: float = param(1.0, "Rollout sampling temperature.", gt=0)
+    max_new_tokens: int = param(64, "Longest rollout response.", ge=1)
+    advantage: str = param(
+        "gae",
+        "Advantage estimator registered in tasks/rl/core_algos.py: gae (with a critic), grpo, dr_grpo, rloo, ...",
+        registered="ADVANTAGE_ESTIMATORS",
+    )
+    gamma: float = param(1.0, "Discount (gae, reinforce_pp).", ge=0, le=1)
+    lam: float = param(0.95, "GAE lambda.", ge=0, le=1)
+    policy_loss: str = param(
+        "token_mean",
+        "Policy loss: token_mean (clipped, token-level), seq_mean (clipped, per-response mean), dr_grpo "
+        "(constant normaliser), gspo (sequence-level ratio), cispo (clipped detached importance weight).",
+        registered="POLICY_LOSSES",
+    )
+    clip_low: float = param(0.2, "Ratio clip below: 1 - clip_low.", gt=0, le=1)
+    clip_high: float = param(0.2, "Ratio clip above: 1 + clip_high (> clip_low is DAPO's clip-higher).", gt=0)
+    value_clip: float = param(0.2, "Value-loss clip around the rollout's values.", gt=0)
+    entropy_coef: float = param(0.0, "Entropy bonus weight.", ge=0)
+    grad_clip: float = param(1.0, "Clip each model's gradient norm to this value.", gt=0)
+    kl_loss: str = param(
+        "none",
+        "KL to the reference as a loss term, by estimator: none, k1, k2, k3.",
+        registered="KL_ESTIMATORS",
+        extra_choices=("none",),
+    )
+    kl_in_reward: bool = param(True, "Penalise -kl_coef * log(pi/pi_ref) at every token, in the reward (k1).")
+    kl_coef: float = param(0.05, "KL coefficient beta (in the reward and/or the loss).", ge=0)
+    kl_target: float | None = param(4.0, "Adaptive KL: target KL per response in nats; null keeps kl_coef fixed.", gt=0)
+    kl_horizon: int = param(10000, "Adaptive KL horizon (Ziegler et al., 2019), in responses.", ge=1)
+    kl_budget: float = param(8.0, "Largest acceptable KL per response; the run warns above it.", gt=0)
+    ref_reset_every: int | None = param(
+        None, "Reset the reference to the current policy every N iterations (iterative GRPO); null: never.", ge=1
+    )
+    rewards: dict[str, float] = field(
+        default_factory=lambda: {"reward_model": 1.0},
+        metadata={
+            "help": "Reward functions and their weights: accuracy, format, length, overlong, reward_model (the "
+            "RLHF reward model), or module:function of your own (see tasks/rl/rewards.py)."
+        },
+    )
+    reward_normalize: bool = param(True, "Scale the summed reward by its running mean and std.")
+    reward_clip: float | None = param(5.0, "Clip the (normalised) reward to +-this; null: no clipping.", gt=0)
+    reward_ensemble: str = param("mean", "How a reward-model ensemble's scores combine.", choices=("mean", "min"))
+    reward_timeout_seconds: float = param(30.0, "Time budget of one reward function on one batch.", gt=0)
+    overlong_buffer: int = param(16, "The overlong reward falls from 0 to -1 over the last N tokens.", ge=1)
+    dynamic_sampling: bool = param(False, "Drop groups whose rewards are all equal and refill the batch (DAPO).")
+    max_sampling_rounds: int = param(3, "Dynamic sampling: at most this many rollout rounds per iteration.", ge=1)
+    critic_init: str = param(
+        "reward", "Critic backbone from the reward model or the policy's initial model.", choices=("reward", "policy")
+    )
+    rollout_backend: str = param("hf", "Rollout engine: hf (transformers generate) or vllm.", choices=("hf", "vllm"))
+    colocate: bool = param(True, "Run every role in the stage's process; false gives each role its own Ray actor.")
+    roles: dict[str, StageResources] = field(
+        default_factory=_default_roles,
+        metadata={
+            "help": "Ray resources of each role's actor when colocate is false: actor, critic, reference, reward."
+        },
+    )
+    save_every: int = param(25, "Write a resumable checkpoint every N iterations.", ge=1)
+    entropy_floor: float = param(0.05, "Warn when mean token entropy falls below this (collapse).", ge=0)
+
+
+def _grpo_defaults() -> RLConfig:
+    return RLConfig(
+        steps=300,
+        rollout_batch_size=32,
+        group_size=8,
+        minibatch_size=128,
+        epochs=1,
+        actor_lr=1e-4,
+        warmup_steps=5,
+        advantage="grpo",
+        policy_loss="token_mean",
+        clip_low=0.2,
+        clip_high=0.28,
+        kl_loss="k3",
+        kl_in_reward=False,
+        kl_coef=0.001,
+        kl_target=None,
+        rewards={"accuracy": 1.0, "format": 0.1},
+        reward_normalize=False,
+        reward_clip=None,
+        dynamic_sampling=True,
+    )
+
+
+def _grpo_final_defaults() -> RLConfig:
+    final = _grpo_defaults()
+    final.steps = 50
+    # Dividing by the group's std would blow the reward model's small share up to full-size advantages in every
+    # group whose verifier rewards are all equal: the final RL would then chase the reward model, not correctness.
+    final.advantage = "dr_grpo"
+    # The RLHF reward model's small share breaks ties among equally verified responses (R1's mixed rewards).
+    final.rewards = {"accuracy": 1.0, "format": 0.1, "overlong": 0.1, "reward_model": 0.05}
+    return final
+
+
+@dataclass
+class RejectionConfig:
+    num_prompts: int = param(4000, "Training prompts to sample from (the first N of the training split).", ge=1)
+    samples_per_prompt: int = param(8, "Responses sampled per prompt (N).", ge=1)
+    temperature: float = param(1.0, "Sampling temperature.", gt=0)
+    max_new_tokens: int = param(64, "Longest sampled response.", ge=1)
+    max_per_prompt: int = param(2, "Distinct accepted responses kept per prompt, at most.", ge=1)
+    top_by_reward_model: int = param(
+        1, "For a prompt whose task has no verifier: keep this many best responses by the reward model.", ge=1
+    )
+    general_ratio: float = param(
+        0.25, "General SFT rows (worked solutions of other training prompts) mixed in per accepted row.", ge=0
+    )
+
+
+@dataclass
+class RoundConfig:
+    policy: str = param("grpo", "The model (artifacts/<policy>) that rejection sampling samples from.")
+
+
+def _default_rounds() -> dict[str, RoundConfig]:
+    return {"1": RoundConfig()}
+
+
+def _default_resources() -> dict[str, StageResources]:
+    # A stage computes with torch's default thread count (the machine's cores): reserving fewer CPUs
+    # would let Ray run stages side by side on the same cores, and oversubscribed threads run slower
+    # than the same stages one after the other. On more cores, lower these to run stages in parallel.
+    return {"default": StageResources(num_cpus=2.0)}
+
+
+@dataclass
+class RunnerConfig:
+    """How the Prefect flows run the DAG; none of it changes what a stage produces."""
+
+    ray_address: str | None = param(
+        None, "Address of a running Ray cluster; null uses RAY_ADDRESS when set, else starts a local Ray."
+    )
+    retries: int = param(0, "Times Prefect retries a failed stage (it resumes from its last checkpoint).", ge=0)
+    retry_delay_seconds: float = param(5.0, "Wait before a retry.", ge=0)
+    resources: dict[str, StageResources] = field(
+        default_factory=_default_resources,
+        metadata={"help": "Ray resources by stage kind (data, base, sft, eval); 'default' for the others."},
+    )
+    schedules: dict[str, str] = field(
+        default_factory=dict,
+        metadata={"help": "Cron schedule by pipeline name for `alignflow serve`, e.g. {sft: '0 3 * * 1'}."},
+    )
+
+
+@dataclass
+class Params:
+    seed: int = param(0, "Seed of every random draw: data, initialisation, batches, sampling.", ge=0)
+    device: str = param("auto", "Where to train: 'cpu', 'cuda', or 'auto' (cuda when available).", choices=DEVICES)
+    task: TaskConfig = section(TaskConfig, "The synthetic problem family.")
+    data: DataConfig = section(
+        DataConfig,
+        "Dataset sizes or files of your own.",
+        StageKind(
+            "data",
+            "tasks.stages.data:run",
+            "generate seeded train/held-out problem splits (or read your JSONL)",
+            writes="dataset",
+        ),
+    )
+    base: BaseConfig = section(
+        BaseConfig,
+        "The base model: built-in tiny model or a model path.",
+        StageKind("base", "tasks.stages.base:run", "build the tiny built-in model, or load base.model_path", "model"),
+    )
+    sft: SFTConfig = section(
+        SFTConfig,
+        "Supervised fine-tuning on worked solutions.",
+        StageKind(
+            "sft",
+            "tasks.stages.sft:run",
+            "supervised fine-tuning on worked solutions (resumes after a crash)",
+            "model",
+            reads=("data", "${init}"),
+        ),
+    )
+    eval: EvalConfig = section(
+        EvalConfig,
+        "Held-out evaluation.",
+        StageKind(
+            "eval",
+            "tasks.stages.eval:run",
+            "held-out pass@1, pass@k, gold reward, format rate, response length of MODEL",
+            "evaluation",
+            reads=("data", "${model}"),
+            target="model",
+        ),
+    )
+    preferences: PreferencesConfig = section(
+        PreferencesConfig,
+        "Preference pairs sampled from SFT, judged.",
+        StageKind(
+            "preferences",
+            "tasks.stages.preferences:run",
+            "sample K responses per prompt from sft, label pairs with the noisy gold judge",
+            "dataset",
+            reads=("data", "sft"),
+        ),
+    )
+    reward_model: RewardModelConfig = section(
+        RewardModelConfig,
+        "Bradley-Terry reward model on the preference pairs.",
+        StageKind(
+            "reward_model",
+            "tasks.stages.reward_model:run",
+            "Bradley-Terry reward model(s) on the pairs; held-out pairwise accuracy",
+            "reward models",
+            reads=("preferences", "sft"),
+        ),
+    )
+    ppo: RLConfig = section(
+        RLConfig,
+        "PPO against the reward model, KL-anchored to SFT.",
+        StageKind(
+            "ppo",
+            "tasks.stages.ppo:run",
+            "PPO: actor, critic, reference, reward roles; KL-shaped rewards, GAE (resumes)",
+            "model",
+            reads=("data", "sft", "reward_model"),
+        ),
+    )
+    sft_cold: SFTConfig = section(
+        _cold_start_defaults,
+        "R1: cold-start SFT on a small set of worked solutions.",
+        StageKind(
+            "sft_cold",
+            "tasks.stages.sft:run_cold_start",
+            "R1 cold start: SFT on a small set of worked solutions",
+            "model",
+            reads=("data", "${init}"),
+        ),
+    )
+    grpo: RLConfig = section(
+        _grpo_defaults,
+        "R1: reasoning RL with rule-based rewards (and R1-Zero, from base).",
+        StageKind(
+            "grpo",
+            "tasks.stages.grpo:run",
+            "R1 reasoning RL: GRPO-family RL with verifiable rewards (resumes)",
+            "model",
+            reads=("data", "sft_cold"),
+        ),
+        StageKind(
+            "grpo_zero",
+            "tasks.stages.grpo:run_zero",
+            "R1-Zero: the same RL straight from the base model",
+            "model",
+            reads=("data", "base"),
+        ),
+    )
+    rejection: RejectionConfig = section(
+        RejectionConfig,
+        "R1: rejection sampling from an RL checkpoint.",
+        StageKind(
+            "rejection",
+            "tasks.stages.rejection:run",
+            "R1 rejection sampling from the round's policy, verified, deduplicated",
+            "dataset",
+            reads=("data", "${round.policy}", "reward_model"),
+            target="round",
+        ),
+    )
+    sft_rs: SFTConfig = section(
+        _sft_rs_defaults,
+        "R1: SFT on the rejection-sampled data (each round).",
+        StageKind(
+            "sft_rs",
+            "tasks.stages.sft:run_round",
+            "R1 SFT on the round's rejection-sampled data",
+            "model",
+            reads=("rejection@${round}", "${init}"),
+            target="round",
+        ),
+    )
+    grpo_final: RLConfig = section(
+        _grpo_final_defaults,
+        "R1: the final RL stage with mixed rewards (each round).",
+        StageKind(
+            "grpo_final",
+            "tasks.stages.grpo:run_final",
+            "R1 final RL of the round with mixed rewards",
+            "model",
+            reads=("data", "sft_rs@${round}", "reward_model"),
+            target="round",
+        ),
+    )
+    rounds: dict[str, RoundConfig] = field(
+        default_factory=_default_rounds,
+        metadata={
+            "help": "R1 rounds of rejection sampling -> SFT -> RL, by round name; each samples from its `policy` "
+            "(round 1 from grpo, round 2 from grpo_final/1, ...)."
+        },
+    )
+    runner: RunnerConfig = section(RunnerConfig, "Prefect and Ray: retries, resources, schedules.")
+
+
+def stage_kinds() -> dict[str, tuple[StageKind, str]]:
+    """Every stage kind by name, with the params section it runs with, in declaration order."""
+    return {kind.name: (kind, f.name) for f in dataclasses.fields(Params) for kind in f.metadata.get("stages", ())}
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    return dataclasses.asdict(config)

@@ -1,0 +1,213 @@
+"""Reading params.yaml: merge the file and dotlist overrides onto the typed defaults, then validate.
+
+Every range, choice and cross-field rule is checked in one walk, so a bad file reports all
+its errors at once, each naming its full key (``sft.lr: must be > 0, got -0.001``), before
+any stage starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import typing
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from cronsim import CronSim, CronSimError
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from tasks.common.config import ConfigError, Params, RLConfig, RoundConfig, SFTConfig
+from tasks.common.registry import model_kinds
+
+
+def fields_with_keys(config: Any, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field, Any]]:
+    """Every leaf field of a config tree as (dotted key, field, value)."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            yield from fields_with_keys(value, f"{key}.")
+        elif isinstance(value, dict) and all(dataclasses.is_dataclass(v) for v in value.values()) and value:
+            for name, item in value.items():
+                yield from fields_with_keys(item, f"{key}.{name}.")
+        else:
+            yield key, f, value
+
+
+def choices(f: dataclasses.Field) -> tuple[str, ...] | None:
+    """The values a field may take: its own ``choices``, or the names a core_algos registry holds."""
+    if "registered" in f.metadata:
+        from tasks.rl import core_algos  # torch: imported only when params are checked
+
+        return (*f.metadata.get("extra_choices", ()), *getattr(core_algos, f.metadata["registered"]))
+    return f.metadata.get("choices")
+
+
+def _range_errors(key: str, f: dataclasses.Field, value: Any) -> Iterator[str]:
+    if value is None:
+        return
+    checks = f.metadata
+    if "gt" in checks and not value > checks["gt"]:
+        yield f"{key}: must be > {checks['gt']}, got {value}"
+    if "ge" in checks and not value >= checks["ge"]:
+        yield f"{key}: must be >= {checks['ge']}, got {value}"
+    if "le" in checks and not value <= checks["le"]:
+        yield f"{key}: must be <= {checks['le']}, got {value}"
+    allowed = choices(f)
+    if allowed is not None and value not in allowed:
+        yield f"{key}: must be one of {', '.join(allowed)}, got {value!r}"
+    if "chars" in checks and (not value or set(value) - set(checks["chars"])):
+        yield f"{key}: must be made of {', '.join(checks['chars'])}, got {value!r}"
+
+
+def sections_of(config_type: type) -> tuple[str, ...]:
+    """The params sections of one schema type (every RL stage's section is an ``RLConfig``)."""
+    hints = typing.get_type_hints(Params)
+    return tuple(f.name for f in dataclasses.fields(Params) if hints[f.name] is config_type)
+
+
+RL_SECTIONS = sections_of(RLConfig)
+SFT_SECTIONS = sections_of(SFTConfig)
+# Models the pipelines train, by name: what `init` and `rounds.<round>.policy` may point at.
+MODELS, ROUND_MODELS = model_kinds()  # a round's model is named <kind>/<round>: sft_rs/1
+_ROUND_NAME = re.compile(r"[A-Za-z0-9_-]+")
+# Dict-valued params that params.yaml states in full (its dict replaces the default rather than adding to it).
+REPLACED_BY_THE_FILE = (*(f"{name}.rewards" for name in RL_SECTIONS), "rounds")
+
+
+def _is_model(name: str, rounds: dict[str, RoundConfig]) -> bool:
+    kind, _, round_name = name.partition("/")
+    return (name in MODELS) or (kind in ROUND_MODELS and round_name in rounds)
+
+
+def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
+    from tasks.rl import core_algos, rewards  # torch: imported only when params are checked
+
+    base = params.base
+    estimator = core_algos.ADVANTAGE_ESTIMATORS.get(cfg.advantage)  # an unknown name is reported by its field
+    compares_group = estimator is not None and estimator.compares_group
+    if cfg.group_size < 2 and (compares_group or cfg.dynamic_sampling):
+        why = f"advantage={cfg.advantage}" if compares_group else "dynamic sampling"
+        yield f"{name}.group_size: {why} compares the responses of a prompt, needs >= 2, got {cfg.group_size}"
+    built_in = (*rewards.BUILT_IN, rewards.REWARD_MODEL)
+    for reward, weight in cfg.rewards.items():
+        if reward not in built_in and ":" not in reward:
+            yield f"{name}.rewards.{reward}: not a reward ({', '.join(built_in)}, or module:function of your own)"
+        if not math.isfinite(weight):
+            yield f"{name}.rewards.{reward}: the weight must be a finite number, got {weight}"
+    if base.model_path is None:
+        longest = params.sft.max_prompt_length + cfg.max_new_tokens
+        if base.max_position_embeddings < longest:
+            yield (
+                f"{name}.max_new_tokens: a prompt of sft.max_prompt_length plus {cfg.max_new_tokens} new tokens "
+                f"exceeds base.max_position_embeddings ({base.max_position_embeddings})"
+            )
+        head_size = base.hidden_size // base.num_heads
+        vllm_on_cpu = cfg.rollout_backend == "vllm" and params.device != "cuda"
+        if vllm_on_cpu and not (head_size == 32 or (head_size >= 64 and head_size % 16 == 0)):
+            yield (
+                f"base.num_heads: {name}.rollout_backend=vllm on CPU needs a head size (base.hidden_size / "
+                f"base.num_heads) of 32, 64, 80, 96, ..., got {head_size}"
+            )
+
+
+def _cross_field_errors(params: Params) -> Iterator[str]:
+    base, evaluation = params.base, params.eval
+    for name in SFT_SECTIONS:
+        sft = getattr(params, name)
+        if sft.max_length <= sft.max_prompt_length:
+            yield (
+                f"{name}.max_length: must exceed {name}.max_prompt_length ({sft.max_prompt_length}), "
+                f"got {sft.max_length}"
+            )
+        own_model = sft.init == name or sft.init.startswith(f"{name}/")
+        if own_model or not _is_model(sft.init, params.rounds):
+            yield f"{name}.init: not a model trained before {name} ({', '.join(MODELS)}, ...), got {sft.init!r}"
+    if "+" not in params.task.countdown.ops:  # the one operation that applies at every step of a solution
+        yield f"task.countdown.ops: must include '+', got {params.task.countdown.ops!r}"
+    for name in RL_SECTIONS:
+        yield from _rl_errors(name, getattr(params, name), params)
+    for round_name, spec in params.rounds.items():
+        if not _ROUND_NAME.fullmatch(str(round_name)):
+            yield f"rounds.{round_name}: a round's name may use letters, digits, '_' and '-' only"
+        if not _is_model(spec.policy, params.rounds) or spec.policy == f"grpo_final/{round_name}":
+            yield (
+                f"rounds.{round_name}.policy: not a model trained before the round ({', '.join(MODELS)}, or "
+                f"grpo_final/<an earlier round>), got {spec.policy!r}"
+            )
+    if base.model_path is None:
+        if base.hidden_size % base.num_heads:
+            yield f"base.num_heads: must divide base.hidden_size ({base.hidden_size}), got {base.num_heads}"
+        longest = max(params.sft.max_length, params.sft.max_prompt_length + evaluation.max_new_tokens)
+        if base.max_position_embeddings < longest:
+            yield (
+                f"base.max_position_embeddings: must be >= {longest} (the longest training or generated "
+                f"sequence), got {base.max_position_embeddings}"
+            )
+    elif not Path(base.model_path).is_dir():
+        yield f"base.model_path: no model directory at {base.model_path!r}"
+    user_files = {
+        "data.train_file": params.data.train_file,
+        "data.test_file": params.data.test_file,
+        "preferences.train_file": params.preferences.train_file,
+        "preferences.test_file": params.preferences.test_file,
+    }
+    for key, path in user_files.items():
+        if path is not None and not Path(path).is_file():
+            yield f"{key}: no file at {path!r}"
+    if "default" not in params.runner.resources:
+        yield "runner.resources: needs a 'default' entry"
+    for pipeline, cron in params.runner.schedules.items():
+        try:
+            CronSim(cron, datetime.now())
+        except CronSimError as error:
+            yield f"runner.schedules.{pipeline}: not a cron expression: {cron!r} ({error})"
+
+
+def validate(params: Params) -> Params:
+    errors = [e for key, f, value in fields_with_keys(params) for e in _range_errors(key, f, value)]
+    errors += _cross_field_errors(params)
+    if errors:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
+    return params
+
+
+def _describe(error: OmegaConfBaseException) -> str:
+    key = getattr(error, "full_key", None) or getattr(error, "key", None) or "?"
+    message = str(error).splitlines()[0]
+    if "not in" in message or "Could not find" in message:
+        return f"{key}: unknown key"
+    return f"{key}: {message}"
+
+
+def load_params(path: str | Path = "params.yaml", overrides: list[str] | tuple[str, ...] = ()) -> Params:
+    """Read ``path``, apply dotlist ``overrides`` (``sft.lr=1e-4``), validate, and return typed params."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such params file")
+    for override in overrides:
+        if "=" not in override:
+            raise ConfigError(f"override {override!r}: expected key=value")
+    try:
+        from_file = OmegaConf.load(path)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+    try:
+        dotlist = OmegaConf.from_dotlist(list(overrides))
+        merged = OmegaConf.merge(OmegaConf.structured(Params), from_file, dotlist)
+        for key in REPLACED_BY_THE_FILE:
+            # omegaconf merges dicts key by key; a reward mix or a list of rounds written out means exactly that
+            if (given := OmegaConf.select(from_file, key)) is not None:
+                OmegaConf.update(merged, key, {}, merge=False)
+                for layer in (given, OmegaConf.select(dotlist, key)):
+                    if layer is not None:
+                        OmegaConf.update(merged, key, layer, merge=True)
+        params = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as error:
+        raise ConfigError(f"{path}: {_describe(error)}") from None
+    return validate(params)

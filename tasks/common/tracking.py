@@ -1,0 +1,28 @@
+"""Stage metrics through dvclive, written atomically so ``dvc metrics/plots/exp show`` read whole runs only."""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from dvclive import Live
+
+from tasks.common.artifacts import atomic_output, metrics_dir
+
+
+@contextmanager
+def stage_live(stage: str) -> Iterator[Live]:
+    """A dvclive logger for ``stage``; its directory replaces ``metrics/<stage>`` when the block succeeds.
+
+    dvc.yaml declares the metrics and plots, so dvclive must not edit it (dvcyaml=None),
+    and no wall-clock values are logged: metrics files are hashed into dvc.lock.
+    """
+    with atomic_output(metrics_dir(stage)) as directory:
+        live = Live(str(directory), dvcyaml=None, save_dvc_exp=False, report=None)
+        yield live
+        live.end()
+
+
+def log_step(live: Live, step: int, metrics: dict[str, float], prefix: str = "train/") -> None:
+    """Log one step's metrics as plot points (``prefix`` + name) at ``step``."""
+    live.step = step
+    for name, value in metrics.items():
+        live.log_metric(f"{prefix}{name}", value)

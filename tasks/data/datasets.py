@@ -1,0 +1,156 @@
+"""Problem datasets as JSONL: seeded generation with disjoint splits, and row-by-row validation.
+
+A problem row is one ``Example``: ``{"task", "prompt", "answer", "solution", "meta"}``.
+A preference row is one ``PreferencePair``: ``{"prompt", "chosen", "rejected", "meta"}``,
+where meta may carry the gold judge's utilities ``gold_chosen`` / ``gold_rejected``.
+Reading validates every row (its JSON, keys, types, and for problems the task, the
+response format and that the worked solution passes the task's verifier) and names
+``file:line`` of the first bad one, so a dataset of your own fails before any training starts.
+"""
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tasks.data.problems import PROBLEMS, Example, parse_response
+
+_STRING_FIELDS = ("task", "prompt", "answer", "solution")
+_PAIR_FIELDS = ("prompt", "chosen", "rejected")
+_GOLD_KEYS = ("gold_chosen", "gold_rejected")
+Row = TypeVar("Row")
+_MAX_DRAWS_PER_EXAMPLE = 50
+
+
+class DatasetError(ValueError):
+    """A malformed dataset; the message names the file and line."""
+
+
+def generate_splits(task_cfg, num_train: int, num_test: int, seed: int) -> tuple[list[Example], list[Example]]:
+    """Draw ``num_test`` then ``num_train`` distinct problems; no prompt appears in both splits."""
+    family, family_cfg = PROBLEMS[task_cfg.name], getattr(task_cfg, task_cfg.name)
+    rng = random.Random(f"alignflow-data-{seed}")
+    seen: set[str] = set()
+    splits = []
+    for size in (num_test, num_train):
+        split: list[Example] = []
+        for _ in range(size * _MAX_DRAWS_PER_EXAMPLE):
+            if len(split) == size:
+                break
+            example = family.generate(rng, family_cfg)
+            if example.prompt not in seen:
+                seen.add(example.prompt)
+                split.append(example)
+        if len(split) < size:
+            raise DatasetError(
+                f"task.{task_cfg.name}: found only {len(seen)} distinct problems, fewer than "
+                f"data.num_train + data.num_test = {num_train + num_test}; make the task harder or the splits smaller"
+            )
+        splits.append(split)
+    test, train = splits
+    return train, test
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    prompt: str
+    chosen: str
+    rejected: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def gold_prefers_chosen(self) -> bool | None:
+        """The noise-free judge's verdict on the label, when the row carries the judge's utilities."""
+        if not all(key in self.meta for key in _GOLD_KEYS):
+            return None
+        return self.meta["gold_chosen"] > self.meta["gold_rejected"]
+
+    def to_row(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def write_jsonl(path: Path, rows: list[Example] | list[PreferencePair]) -> None:
+    with open(path, "w") as handle:
+        for row in rows:
+            handle.write(json.dumps(row.to_row(), sort_keys=True) + "\n")
+
+
+def read_examples(path: str | Path) -> list[Example]:
+    """Every row of a problem JSONL as an Example; DatasetError naming ``path:line`` on the first bad row."""
+    return _read_rows(path, _parse_row)
+
+
+def read_preferences(path: str | Path) -> list[PreferencePair]:
+    """Every row of a preference JSONL as a PreferencePair; DatasetError naming ``path:line`` on the first bad row."""
+    return _read_rows(path, _parse_pair)
+
+
+def _read_rows(path: str | Path, parse: Callable[[str], Row]) -> list[Row]:
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"{path}: no such dataset file")
+    rows = []
+    with open(path) as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(parse(line))
+            except ValueError as error:
+                raise DatasetError(f"{path}:{line_number}: {error}") from None
+    if not rows:
+        raise DatasetError(f"{path}: no rows")
+    return rows
+
+
+def _json_object(line: str, string_fields: tuple[str, ...]) -> dict[str, Any]:
+    """The row as a dict with every string field present and non-empty, and an object ``meta``."""
+    try:
+        row: Any = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"not valid JSON ({error.msg})") from None
+    if not isinstance(row, dict):
+        raise ValueError(f"a row must be a JSON object, got {type(row).__name__}")
+    unknown = set(row) - {*string_fields, "meta"}
+    if unknown:
+        raise ValueError(f"unknown key(s) {', '.join(sorted(unknown))}")
+    for key in string_fields:
+        if key not in row:
+            raise ValueError(f"missing key '{key}'")
+        if not isinstance(row[key], str) or not row[key].strip():
+            raise ValueError(f"'{key}' must be a non-empty string")
+    row.setdefault("meta", {})
+    if not isinstance(row["meta"], dict):
+        raise ValueError("'meta' must be a JSON object")
+    return row
+
+
+def _parse_pair(line: str) -> PreferencePair:
+    row = _json_object(line, _PAIR_FIELDS)
+    if row["chosen"] == row["rejected"]:
+        raise ValueError("'chosen' and 'rejected' are the same response")
+    for key in _GOLD_KEYS:
+        value = row["meta"].get(key)
+        if key in row["meta"] and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ValueError(f"'meta.{key}' must be a number")
+    return PreferencePair(**row)
+
+
+def _parse_row(line: str) -> Example:
+    row = _json_object(line, _STRING_FIELDS)
+    if row["task"] not in PROBLEMS:
+        raise ValueError(f"unknown task {row['task']!r} (known: {', '.join(PROBLEMS)})")
+    meta = row["meta"]
+    example = Example(row["task"], row["prompt"], row["answer"], row["solution"], meta)
+    parsed = parse_response(example.solution)
+    if parsed is None:
+        raise ValueError("'solution' is not of the form <think>…</think><answer>…</answer>")
+    try:
+        verified = PROBLEMS[example.task].is_correct(example, parsed.answer)
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"'meta' lacks what the {example.task} verifier needs ({error})") from None
+    if not verified:
+        raise ValueError("'solution' does not pass the task's verifier")
+    return example

@@ -1,0 +1,333 @@
+"""Pure algorithm math on tensors: no models, no I/O, no config objects.
+
+Shapes: B sequences, T token positions, V vocabulary. Masks are 1.0 on tokens
+that count and 0.0 on prompt and padding tokens.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """log p(tokens[:, t]) under logits[:, t]: (B, T, V), (B, T) -> (B, T)."""
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``values`` over the positions where ``mask`` is 1 (0 when the mask is empty).
+
+    Padding is selected away, not multiplied by zero, so inf or nan there cannot leak in.
+    """
+    return torch.where(mask.bool(), values, 0).sum() / mask.sum().clamp(min=1)
+
+
+def sft_loss(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Next-token negative log-likelihood averaged over the tokens ``loss_mask`` marks (the response).
+
+    logits (B, T, V) predict input_ids shifted by one; loss_mask (B, T) marks target tokens.
+    """
+    logprobs = token_logprobs(logits[:, :-1], input_ids[:, 1:])
+    return -masked_mean(logprobs, loss_mask[:, 1:])
+
+
+def pass_at_k(num_samples: int, num_correct: torch.Tensor, k: int) -> torch.Tensor:
+    """Unbiased pass@k per problem from n samples with c correct: 1 - C(n-c, k) / C(n, k) (Chen et al., 2021)."""
+    n, c = float(num_samples), num_correct.double()
+    # C(n-c, k)/C(n, k) = prod_{i=0}^{k-1} (n-c-i)/(n-i); a factor hits zero once c > n-k.
+    i = torch.arange(k, dtype=torch.float64)
+    ratio = ((n - c.unsqueeze(-1) - i).clamp(min=0) / (n - i)).prod(-1)
+    return 1.0 - ratio
+
+
+# --- RLHF: rewards, KL, advantages, losses. Response tensors are (B, T) over generated tokens,
+# right-padded; ``mask`` marks real tokens.
+
+
+def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """log π/π_ref per sampled token: unbiased for KL(π‖π_ref) under samples from π, but can be negative."""
+    return logprobs - ref_logprobs
+
+
+def kl_k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """½ (log π/π_ref)²: low variance, biased."""
+    return 0.5 * (logprobs - ref_logprobs) ** 2
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """π_ref/π − 1 − log(π_ref/π): unbiased and never negative (Schulman, 2020)."""
+    log_ratio = ref_logprobs - logprobs
+    return torch.expm1(log_ratio) - log_ratio
+
+
+# KL estimators by name (an RL stage's ``kl_loss`` param picks one, or none).
+KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+
+def last_token_index(mask: torch.Tensor) -> torch.Tensor:
+    """Index of each row's last real token in a right-padded (B, T) mask."""
+    return (mask.sum(-1).long() - 1).clamp(min=0)
+
+
+def shaped_rewards(scores: torch.Tensor, mask: torch.Tensor, kl_penalty: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-token rewards: the sequence score at its last token, minus ``kl_penalty`` (β·log π/π_ref, (B, T))
+    at every token when the KL is in the reward."""
+    rewards = torch.zeros_like(mask, dtype=scores.dtype) if kl_penalty is None else -kl_penalty * mask
+    rows = torch.arange(len(scores), device=scores.device)
+    rewards[rows, last_token_index(mask)] += scores
+    return rewards
+
+
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (Schulman et al., 2016); returns (advantages, returns).
+
+    δ_t = r_t + γ V_{t+1} − V_t with V = 0 past the last real token, A_t = Σ_l (γλ)^l δ_{t+l}.
+    The recursion runs over time (it is sequential) but every row at once.
+    """
+    advantages = torch.zeros_like(rewards)
+    next_value = torch.zeros_like(rewards[:, 0])
+    next_advantage = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.shape[1])):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        advantages[:, t] = (delta + gamma * lam * next_advantage) * mask[:, t]
+        next_value = values[:, t] * mask[:, t]
+        next_advantage = advantages[:, t]
+    return advantages, (advantages + values) * mask
+
+
+def masked_variance(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return masked_mean((values - masked_mean(values, mask)) ** 2, mask)
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Zero mean, unit variance over the real tokens; padding stays zero."""
+    return (values - masked_mean(values, mask)) * torch.rsqrt(masked_variance(values, mask) + eps) * mask
+
+
+def clipped_value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip: float
+) -> torch.Tensor:
+    """½ max((V − R)², (V_clip − R)²), V_clip keeping V within ``clip`` of the rollout's values."""
+    clipped = old_values + (values - old_values).clamp(-clip, clip)
+    return 0.5 * masked_mean(torch.maximum((values - returns) ** 2, (clipped - returns) ** 2), mask)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the next-token distribution at every position: (B, T, V) -> (B, T)."""
+    logits = logits.float()
+    return torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * logits).sum(-1)
+
+
+def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+    """−log σ(r_chosen − r_rejected), averaged over pairs."""
+    return -torch.nn.functional.logsigmoid(chosen - rejected).mean()
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """1 − Var[R − V] / Var[R] over real tokens: 1 for a perfect critic, ≤ 0 for one no better than a constant."""
+    return 1 - masked_variance(returns - values, mask) / masked_variance(returns, mask).clamp(min=1e-8)
+
+
+def adaptive_kl_coef(coef: float, kl: float, target: float, horizon: int, num_responses: int) -> float:
+    """Proportional controller of the KL coefficient (Ziegler et al., 2019): β grows when KL is above target.
+
+    The relative error is clipped to ±0.2 so one noisy batch cannot swing β.
+    """
+    error = min(max(kl / target - 1.0, -0.2), 0.2)
+    return coef * (1.0 + error * num_responses / horizon)
+
+
+# --- Advantage estimators, registered by name (an RL stage's ``advantage`` param picks one).
+# All take the same inputs: per-token rewards (B, T) holding each response's score at its last
+# token (plus any per-token KL penalty), the response mask, the group size (the G responses of
+# one prompt are consecutive rows), and for estimators with a critic its values and γ, λ.
+# They return per-token advantages (B, T), zero on padding, and the critic's regression
+# targets (None without a critic). Group statistics are reshapes to (B / G, G), never loops.
+
+AdvantageEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+GROUP_STD_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class RegisteredEstimator:
+    """An advantage estimator and what it needs from the trainer, which reads these flags instead of names."""
+
+    compute: AdvantageEstimator
+    needs_critic: bool  # takes the critic's values (the trainer then runs a critic role and trains it)
+    compares_group: bool  # compares the G responses of a prompt, so it needs group_size >= 2
+
+    def __call__(self, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.compute(*args, **kwargs)
+
+
+ADVANTAGE_ESTIMATORS: dict[str, RegisteredEstimator] = {}
+
+
+def register_advantage(
+    name: str, needs_critic: bool = False, compares_group: bool = False
+) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
+    def register(estimator: AdvantageEstimator) -> AdvantageEstimator:
+        ADVANTAGE_ESTIMATORS[name] = RegisteredEstimator(estimator, needs_critic, compares_group)
+        return estimator
+
+    return register
+
+
+def sequence_rewards(token_rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each response's total reward: (B, T) -> (B,)."""
+    return (token_rewards * mask).sum(-1)
+
+
+def _per_token(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A response's advantage on every one of its tokens: (B,) -> (B, T)."""
+    return advantages[:, None] * mask
+
+
+def _groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    if scores.numel() % group_size:
+        raise ValueError(f"{scores.numel()} responses do not split into groups of {group_size}")
+    return scores.view(-1, group_size)
+
+
+def _centred(groups: torch.Tensor) -> torch.Tensor:
+    """r − group mean, exactly 0 in a group of equal rewards (float round-off would leave ±1e-16 there)."""
+    return torch.where(
+        groups.amax(1, keepdim=True) > groups.amin(1, keepdim=True), groups - groups.mean(1, keepdim=True), 0
+    )
+
+
+@register_advantage("grpo", compares_group=True)
+def grpo_advantages(token_rewards, mask, group_size, **_) -> tuple[torch.Tensor, None]:
+    """(r − group mean) / group std (Shao et al., 2024); the population std, so a group's advantages have std 1."""
+    groups = _groups(sequence_rewards(token_rewards, mask), group_size)
+    normalised = _centred(groups) / (groups.std(1, unbiased=False, keepdim=True) + GROUP_STD_EPS)
+    return _per_token(normalised.flatten(), mask), None
+
+
+@register_advantage("dr_grpo", compares_group=True)
+def dr_grpo_advantages(token_rewards, mask, group_size, **_) -> tuple[torch.Tensor, None]:
+    """r − group mean, without the std division that favours groups of nearly equal rewards (Liu et al., 2025)."""
+    groups = _groups(sequence_rewards(token_rewards, mask), group_size)
+    return _per_token(_centred(groups).flatten(), mask), None
+
+
+@register_advantage("rloo", compares_group=True)
+def rloo_advantages(token_rewards, mask, group_size, **_) -> tuple[torch.Tensor, None]:
+    """r_i − mean of the other G − 1 rewards of its group (Ahmadian et al., 2024), i.e. G/(G−1)·(r_i − group mean)."""
+    if group_size < 2:
+        raise ValueError("rloo needs at least 2 responses per prompt")
+    groups = _groups(sequence_rewards(token_rewards, mask), group_size)
+    return _per_token((_centred(groups) * group_size / (group_size - 1)).flatten(), mask), None
+
+
+@register_advantage("reinforce_pp")
+def reinforce_pp_advantages(token_rewards, mask, group_size, gamma=1.0, **_) -> tuple[torch.Tensor, None]:
+    """REINFORCE++ (Hu, 2025): each token's discounted return-to-go, whitened over the whole batch's tokens."""
+    returns = torch.zeros_like(token_rewards)
+    running = torch.zeros_like(token_rewards[:, 0])
+    for t in reversed(range(token_rewards.shape[1])):
+        running = token_rewards[:, t] * mask[:, t] + gamma * running
+        returns[:, t] = running
+    return whiten(returns * mask, mask), None
+
+
+@register_advantage("gae", needs_critic=True)
+def gae_advantages(
+    token_rewards, mask, group_size, values, gamma=1.0, lam=1.0, **_
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's estimator: GAE(γ, λ) on the critic's values, whitened; the returns train the critic."""
+    advantages, returns = gae(token_rewards, values, mask, gamma, lam)
+    return whiten(advantages, mask), returns
+
+
+def informative_groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Which groups have rewards that differ (DAPO's dynamic sampling keeps only these): (B,) -> (B / G,) bool."""
+    groups = _groups(scores, group_size)
+    return groups.amax(1) > groups.amin(1)
+
+
+def overlong_penalty(lengths: torch.Tensor, truncated: torch.Tensor, max_length: int, buffer: int) -> torch.Tensor:
+    """DAPO's soft overlong punishment: 0 up to max_length − buffer, then linearly down to −1 at max_length;
+    −1 for a response cut off at max_length without ending."""
+    soft = ((max_length - buffer) - lengths.float()).clamp(max=0) / max(buffer, 1)
+    return torch.where(truncated, torch.full_like(soft, -1.0), soft.clamp(min=-1.0))
+
+
+# --- Policy losses, registered by name (an RL stage's ``policy_loss`` param picks one). All take
+# (log π_θ, log π_old, advantages, mask) over response tokens and the clip range, and return
+# (loss, fraction of tokens or sequences where the clip is active).
+
+PolicyLoss = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+
+def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
+    def register(loss: PolicyLoss) -> PolicyLoss:
+        POLICY_LOSSES[name] = loss
+        return loss
+
+    return register
+
+
+def _clipped_terms(logprobs, old_logprobs, advantages, mask, eps_low, eps_high) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token max(−Â·ρ, −Â·clip(ρ)) and whether the clip binds; ρ is formed on real tokens only."""
+    ratio = torch.exp(torch.where(mask.bool(), logprobs - old_logprobs, 0))
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - eps_low, 1 + eps_high)
+    return torch.maximum(unclipped, clipped), (clipped > unclipped).float()
+
+
+@register_policy_loss("token_mean")
+def clipped_policy_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, **_):
+    """PPO's clipped surrogate, averaged over every token of the batch (DAPO's token-level loss).
+
+    ρ = π/π_old is clipped to [1−ε_low, 1+ε_high] (ε_high > ε_low is DAPO's clip-higher).
+    """
+    terms, clipped = _clipped_terms(logprobs, old_logprobs, advantages, mask, eps_low, eps_high)
+    return masked_mean(terms, mask), masked_mean(clipped, mask)
+
+
+@register_policy_loss("seq_mean")
+def seq_mean_policy_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, **_):
+    """The clipped surrogate averaged over each response's tokens, then over responses (GRPO as published)."""
+    terms, clipped = _clipped_terms(logprobs, old_logprobs, advantages, mask, eps_low, eps_high)
+    per_sequence = (terms * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return per_sequence.mean(), masked_mean(clipped, mask)
+
+
+@register_policy_loss("dr_grpo")
+def dr_grpo_policy_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, max_length, **_):
+    """The clipped surrogate summed over tokens and divided by a constant, B × max_length (Dr. GRPO):
+    no response-length normalisation, so long wrong answers are not penalised less per token."""
+    terms, clipped = _clipped_terms(logprobs, old_logprobs, advantages, mask, eps_low, eps_high)
+    return (terms * mask).sum() / (mask.shape[0] * max_length), masked_mean(clipped, mask)
+
+
+def sequence_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO's sequence importance weight exp(mean_t log π/π_old): (B, T) -> (B,)."""
+    log_ratio = torch.where(mask.bool(), logprobs - old_logprobs, 0).sum(-1) / mask.sum(-1).clamp(min=1)
+    return torch.exp(log_ratio)
+
+
+@register_policy_loss("gspo")
+def gspo_policy_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, **_):
+    """GSPO (Zheng et al., 2025): the clipped surrogate on the length-normalised sequence ratio; returns the
+    fraction of sequences clipped."""
+    ratio = sequence_ratio(logprobs, old_logprobs, mask)
+    sequence_advantages = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    unclipped = -sequence_advantages * ratio
+    clipped = -sequence_advantages * ratio.clamp(1 - eps_low, 1 + eps_high)
+    return torch.maximum(unclipped, clipped).mean(), (clipped > unclipped).float().mean()
+
+
+@register_policy_loss("cispo")
+def cispo_policy_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, **_):
+    """CISPO (MiniMax, 2025): −sg(clip(ρ))·Â·log π per token. The importance weight is clipped and detached,
+    so every token keeps a gradient through log π, however far its ratio has moved."""
+    ratio = torch.exp(torch.where(mask.bool(), logprobs - old_logprobs, 0))
+    weight = ratio.clamp(1 - eps_low, 1 + eps_high).detach()
+    clipped = ((ratio < 1 - eps_low) | (ratio > 1 + eps_high)).float()
+    return masked_mean(-weight * advantages * logprobs, mask), masked_mean(clipped, mask)

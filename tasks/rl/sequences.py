@@ -1,0 +1,130 @@
+"""Prompt + response token lists packed into one padded batch, the layout every role computes on.
+
+Prompts are left-padded to a common width P and responses right-padded to a common
+width T, so response token t of every row sits at column P + t and the logits that
+predict it at column P + t − 1. Position ids count real tokens only, which makes a
+row's numbers independent of how much padding its batch needed (and equal to what
+``generate`` computed for it).
+"""
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+
+@dataclass
+class PackedBatch:
+    input_ids: torch.Tensor  # (B, P + T)
+    attention_mask: torch.Tensor  # (B, P + T)
+    position_ids: torch.Tensor  # (B, P + T)
+    response_mask: torch.Tensor  # (B, T) float, 1.0 on real response tokens
+    prompt_width: int  # P
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "position_ids": self.position_ids}
+
+    def response_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """(B, T, ·): the outputs at the positions that predict (or value the state before) each response token."""
+        width = self.response_mask.shape[1]
+        return logits[:, self.prompt_width - 1 : self.prompt_width - 1 + width]
+
+    @property
+    def response_ids(self) -> torch.Tensor:
+        return self.input_ids[:, self.prompt_width :]
+
+    def to(self, device: torch.device) -> "PackedBatch":
+        moved = {name: getattr(self, name).to(device) for name in ("input_ids", "attention_mask", "position_ids")}
+        return PackedBatch(**moved, response_mask=self.response_mask.to(device), prompt_width=self.prompt_width)
+
+    def select(self, rows: torch.Tensor) -> "PackedBatch":
+        return PackedBatch(
+            self.input_ids[rows],
+            self.attention_mask[rows],
+            self.position_ids[rows],
+            self.response_mask[rows],
+            self.prompt_width,
+        )
+
+
+def shared_prompt_logits(model: PreTrainedModel, batch: PackedBatch) -> torch.Tensor:
+    """(B, T, V): ``model``'s logits predicting each response token, each distinct prompt computed once.
+
+    The G responses of a group share one prompt: it runs once, its KV cache is gathered for each of
+    its rows (gradients flow back through the gather) and only the responses run per row. The same
+    numbers as one forward pass over every row, for about a third less compute at G = 8 on the
+    default task, whose prompts are 40% of a row's tokens. Without a shared prompt (or with gradient
+    checkpointing, which drops the cache) it is that pass.
+    """
+    width = batch.prompt_width
+    prompt_columns = torch.cat([batch.input_ids[:, :width], batch.attention_mask[:, :width]], -1)
+    distinct, prompt_of_row = torch.unique(prompt_columns, dim=0, return_inverse=True)
+    # gradient checkpointing drops the KV cache from a training forward pass
+    if len(distinct) == len(prompt_of_row) or (model.training and model.is_gradient_checkpointing):
+        return batch.response_logits(model(**batch.model_inputs()).logits)
+    rows = torch.arange(len(prompt_of_row), device=prompt_of_row.device)
+    first_row = torch.full((len(distinct),), len(rows), device=rows.device)
+    first_row = first_row.scatter_reduce(0, prompt_of_row, rows, reduce="amin")
+    cache = DynamicCache(config=model.config)
+    last_prompt_logits = model(
+        input_ids=batch.input_ids[first_row, :width],
+        attention_mask=batch.attention_mask[first_row, :width],
+        position_ids=batch.position_ids[first_row, :width],
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits
+    cache.batch_select_indices(prompt_of_row)
+    response_logits = model(
+        input_ids=batch.input_ids[:, width:],
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids[:, width:],
+        past_key_values=cache,
+        use_cache=True,
+    ).logits
+    # the last prompt position predicts response token 0; response position t predicts token t + 1
+    return torch.cat([last_prompt_logits[prompt_of_row], response_logits[:, :-1]], dim=1)
+
+
+def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> PackedBatch:
+    prompt_width = max(len(p) for p in prompts)
+    response_width = max(1, max(len(r) for r in responses))
+    rows = len(prompts)
+    input_ids = torch.full((rows, prompt_width + response_width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    response_mask = torch.zeros((rows, response_width))
+    for row, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+        start = prompt_width - len(prompt)
+        input_ids[row, start : prompt_width + len(response)] = torch.tensor(prompt + response)
+        attention_mask[row, start : prompt_width + len(response)] = 1
+        response_mask[row, : len(response)] = 1.0
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return PackedBatch(input_ids, attention_mask, position_ids, response_mask, prompt_width)
+
+
+def finished_response_ids(tokenizer: PreTrainedTokenizerBase, response: str) -> list[int]:
+    """The token ids of ``response`` as a model ends it: no beginning-of-sequence, then end-of-sequence."""
+    return tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+
+def pack_text(tokenizer: PreTrainedTokenizerBase, prompts: list[str], responses: list[str]) -> PackedBatch:
+    """Tokenise (prompt, response) texts as a finished response: the response ends with end-of-sequence."""
+    prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
+    response_ids = [finished_response_ids(tokenizer, r) for r in responses]
+    return pack(prompt_ids, response_ids, tokenizer.pad_token_id)
+
+
+@torch.no_grad()
+def score_texts(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    responses: list[str],
+    batch_size: int,
+) -> torch.Tensor:
+    """The reward model's score of each (prompt, response), as a finished response."""
+    scores = []
+    for start in range(0, len(prompts), batch_size):
+        batch = pack_text(tokenizer, prompts[start : start + batch_size], responses[start : start + batch_size])
+        scores.append(model(**batch.to(model.device).model_inputs()).logits.squeeze(-1).float().cpu())
+    return torch.cat(scores)

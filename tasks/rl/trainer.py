@@ -1,0 +1,392 @@
+"""The RL trainer every RL stage runs (PPO, GRPO and their kin): what runs is chosen by params, not by code paths.
+
+One iteration, top to bottom:
+
+1. roll out: the actor samples ``group_size`` responses for each of ``rollout_batch_size`` prompts;
+2. score: every reward function (rule-based verifiers, your own, the reward model) scores every
+   response and their weighted sum is the response's score (normalised and clipped if asked).
+   With dynamic sampling, groups whose scores are all equal teach nothing and are dropped, and
+   more prompts are rolled out until the batch is full or ``max_sampling_rounds`` is reached;
+3. log-probs: the actor's (π_old) of every sampled token (with one update per rollout, the update's
+   own forward pass gives them instead), the reference's when a KL term needs it, the critic's values
+   when the advantage estimator needs a critic;
+4. advantages: per-token rewards (the score at the last token, and −β·log π/π_ref at every token
+   when the KL is in the reward) go through the ``advantage`` estimator;
+5. update: ``epochs`` passes of minibatches of ``policy_loss`` (plus β·KL when the KL is a loss);
+   the critic regresses on its returns;
+6. control: β follows the adaptive KL controller toward ``kl_target`` (or stays fixed); every
+   ``ref_reset_every`` iterations the reference becomes the current policy.
+
+The gold judge (hidden from training) scores every rollout too, so reward hacking shows as the
+reward rising while the gold reward falls. A checkpoint every ``save_every`` iterations holds the
+trained models and optimizers, the reference when it has been reset, β, reward statistics, RNG,
+the prompt cursor and the metric history.
+"""
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from models import load_tokenizer
+from tasks.common.artifacts import atomic_output, model_dir
+from tasks.common.config import Params, RLConfig, to_dict
+from tasks.common.tracking import log_step, stage_live
+from tasks.common.training import Checkpointer, epoch_batch, fingerprint, make_deterministic, rng_state, set_rng_state
+from tasks.data.datasets import read_examples
+from tasks.data.judge import gold_utility
+from tasks.data.problems import Example, score_response
+from tasks.rl.core_algos import (
+    ADVANTAGE_ESTIMATORS,
+    adaptive_kl_coef,
+    explained_variance,
+    informative_groups,
+    kl_k1,
+    masked_mean,
+    shaped_rewards,
+)
+from tasks.rl.rewards import REWARD_MODEL, RewardInputs, RewardScorer
+from tasks.rl.sequences import pack
+from tasks.rl.workers import Worker, place, updates_per_rollout
+from tasks.rollout.engine import Completion
+
+HACKING_WINDOW = 10  # iterations compared when looking for reward up while gold reward goes down
+
+
+@dataclass
+class RunningMoments:
+    """Mean and variance of every score seen so far (Chan et al.'s parallel update)."""
+
+    count: float = 0.0
+    mean: float = 0.0
+    var: float = 1.0
+
+    def update(self, values: torch.Tensor) -> None:
+        batch_mean, batch_var, n = values.mean().item(), values.var(unbiased=False).item(), len(values)
+        total = self.count + n
+        delta = batch_mean - self.mean
+        self.var = (self.count * self.var + n * batch_var + delta**2 * self.count * n / total) / total
+        self.mean += delta * n / total
+        self.count = total
+
+    def normalize(self, values: torch.Tensor) -> torch.Tensor:
+        return (values - self.mean) / math.sqrt(self.var + 1e-8)
+
+
+@dataclass
+class LoopState:
+    """What a resumed run needs besides the models: where it is, and what it has learned about its rewards."""
+
+    step: int = 0
+    cursor: int = 0  # prompt batches drawn so far (dynamic sampling draws more than one per iteration)
+    kl_coef: float = 0.0
+    moments: RunningMoments = field(default_factory=RunningMoments)
+    history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+
+
+@dataclass
+class Rollout:
+    """Scored responses, ``group_size`` consecutive ones per prompt."""
+
+    examples: list[Example]  # the problem of each response
+    completions: list[Completion]
+    scores: torch.Tensor  # (N,) the weighted sum of the reward functions
+    components: dict[str, torch.Tensor]  # (N,) each reward function's own reward
+    failures: dict[str, int]
+
+    def groups(self, keep: torch.Tensor, group_size: int) -> "Rollout":
+        rows = torch.arange(len(self.scores)).view(-1, group_size)[keep].flatten().tolist()
+        return Rollout(
+            [self.examples[i] for i in rows],
+            [self.completions[i] for i in rows],
+            self.scores[rows],
+            {name: values[rows] for name, values in self.components.items()},
+            self.failures,
+        )
+
+    @staticmethod
+    def join(parts: list["Rollout"]) -> "Rollout":
+        failures: dict[str, int] = {}
+        for part in parts:
+            for name, count in part.failures.items():
+                failures[name] = failures.get(name, 0) + count
+        return Rollout(
+            [e for part in parts for e in part.examples],
+            [c for part in parts for c in part.completions],
+            torch.cat([part.scores for part in parts]),
+            {name: torch.cat([part.components[name] for part in parts]) for name in parts[0].components},
+            failures,
+        )
+
+
+def needed_roles(cfg: RLConfig) -> set[str]:
+    """The roles besides the actor that this configuration uses."""
+    roles = set()
+    if ADVANTAGE_ESTIMATORS[cfg.advantage].needs_critic:
+        roles.add("critic")
+    if cfg.kl_in_reward or cfg.kl_loss != "none" or cfg.ref_reset_every:
+        roles.add("reference")
+    if cfg.rewards.get(REWARD_MODEL, 0.0):
+        roles.add("reward")
+    return roles
+
+
+def prepare_scores(raw: torch.Tensor, cfg: RLConfig, moments: RunningMoments) -> torch.Tensor:
+    scores = raw
+    if cfg.reward_normalize:
+        moments.update(raw)
+        scores = moments.normalize(raw)
+    if cfg.reward_clip is not None:
+        scores = scores.clamp(-cfg.reward_clip, cfg.reward_clip)
+    return scores
+
+
+def score(
+    roles: dict[str, Worker], scorer: RewardScorer, examples: list[Example], cfg: RLConfig, clock: dict[str, float]
+) -> Rollout:
+    """Roll out ``group_size`` responses per example and score them with every reward function."""
+    started = time.perf_counter()
+    completions = roles["actor"].call("generate", [e.prompt for e in examples]).result()
+    generated = time.perf_counter()
+    per_response = [examples[c.prompt_index] for c in completions]
+    texts = [c.text for c in completions]
+    pending = None
+    if "reward" in roles:
+        pending = roles["reward"].call("score", [e.prompt for e in per_response], texts)
+    inputs = RewardInputs(
+        per_response,
+        texts,
+        [len(c.token_ids) for c in completions],
+        [c.truncated for c in completions],
+        cfg.max_new_tokens,
+        cfg.overlong_buffer,
+    )
+    total, components, failures = scorer.score(inputs)
+    if pending is not None:
+        components[REWARD_MODEL] = pending.result()
+        total = total + cfg.rewards[REWARD_MODEL] * components[REWARD_MODEL]
+    clock["time/generate"] += generated - started
+    clock["time/score"] += time.perf_counter() - generated
+    return Rollout(per_response, completions, total, components, failures)
+
+
+def collect(
+    roles: dict[str, Worker],
+    scorer: RewardScorer,
+    examples: list[Example],
+    cfg: RLConfig,
+    state: LoopState,
+    seed: int,
+    clock: dict[str, float],
+) -> tuple[Rollout | None, dict[str, float]]:
+    """One iteration's rollout: a batch of prompts, refilled while dynamic sampling drops uninformative groups."""
+    kept: list[Rollout] = []
+    groups_kept, rounds, zero_variance = 0, 0, []
+    while rounds < cfg.max_sampling_rounds:
+        batch = [examples[i] for i in epoch_batch(len(examples), cfg.rollout_batch_size, state.cursor, seed)]
+        state.cursor += 1
+        rounds += 1
+        rollout = score(roles, scorer, batch, cfg, clock)
+        informative = informative_groups(rollout.scores, cfg.group_size)
+        zero_variance.append(1.0 - informative.float().mean().item())
+        if not cfg.dynamic_sampling:
+            kept, groups_kept = [rollout], len(batch)
+            break
+        kept.append(rollout.groups(informative, cfg.group_size))
+        groups_kept += int(informative.sum())
+        if groups_kept >= cfg.rollout_batch_size:
+            break
+    stats = {}
+    if cfg.group_size > 1:
+        stats = {"zero_variance_groups": sum(zero_variance) / len(zero_variance), "sampling_rounds": rounds}
+    if groups_kept == 0:
+        return None, stats
+    rollout = Rollout.join(kept)
+    if groups_kept > cfg.rollout_batch_size:
+        rollout = rollout.groups(torch.arange(groups_kept) < cfg.rollout_batch_size, cfg.group_size)
+    return rollout, stats
+
+
+def learn(
+    roles: dict[str, Worker], rollout: Rollout, tokenizer, cfg: RLConfig, state: LoopState, clock: dict[str, float]
+) -> dict[str, float]:
+    """Advantages and updates on one scored rollout; returns the iteration's training metrics."""
+    started = time.perf_counter()
+    batch = pack(
+        [tokenizer(e.prompt)["input_ids"] for e in rollout.examples],
+        [c.token_ids for c in rollout.completions],
+        tokenizer.pad_token_id,
+    )
+    mask = batch.response_mask
+    # One update per rollout: π_old is the actor as it is, and the update's own forward pass gives its
+    # log-probs; a pass beforehand would compute the same numbers (unless the KL is in the reward, which
+    # needs them before the advantages).
+    single_update = updates_per_rollout(len(mask), cfg) == 1 and not cfg.kl_in_reward
+    pending = {
+        name: roles[role].call(method, batch)
+        for name, role, method in _PASSES
+        if role in roles and not (single_update and name == "logprobs")
+    }
+    out = {name: call.result() for name, call in pending.items()}
+    old_logprobs, ref_logprobs, values = out.get("logprobs"), out.get("ref_logprobs"), out.get("values")
+    passed = time.perf_counter()
+    clock["time/score"] += passed - started
+
+    scores = prepare_scores(rollout.scores, cfg, state.moments)
+    kl_penalty = state.kl_coef * kl_k1(old_logprobs, ref_logprobs) if cfg.kl_in_reward else None
+    token_rewards = shaped_rewards(scores, mask, kl_penalty)
+    advantages, returns = ADVANTAGE_ESTIMATORS[cfg.advantage](
+        token_rewards, mask, cfg.group_size, values=values, gamma=cfg.gamma, lam=cfg.lam
+    )
+    actor_update = roles["actor"].call("update", batch, old_logprobs, advantages, ref_logprobs, state.kl_coef)
+    critic_update = roles["critic"].call("update", batch, values, returns) if "critic" in roles else None
+    metrics, old_logprobs = actor_update.result()
+    if critic_update is not None:
+        metrics |= critic_update.result()
+    clock["time/train"] += time.perf_counter() - passed
+
+    engine_logprobs = torch.zeros_like(mask)
+    for row, completion in enumerate(rollout.completions):
+        engine_logprobs[row, : len(completion.logprobs)] = torch.tensor(completion.logprobs)
+    metrics["logprob_parity"] = masked_mean((engine_logprobs - old_logprobs).abs(), mask).item()
+    metrics["response_length"] = mask.sum(-1).mean().item()
+    if ref_logprobs is not None:
+        metrics["kl"] = (kl_k1(old_logprobs, ref_logprobs) * mask).sum(-1).mean().item()
+        metrics["kl_coef"] = state.kl_coef
+    if values is not None:
+        metrics["explained_variance"] = explained_variance(values, returns, mask).item()
+    return metrics
+
+
+# (output name, role, method) of the passes over a packed rollout, run concurrently across roles
+_PASSES = (("logprobs", "actor", "logprobs"), ("ref_logprobs", "reference", "logprobs"), ("values", "critic", "values"))
+
+
+def rollout_metrics(rollout: Rollout) -> dict[str, float]:
+    gold = [gold_utility(e, c.text) for e, c in zip(rollout.examples, rollout.completions, strict=True)]
+    correct = [score_response(e, c.text)[1] for e, c in zip(rollout.examples, rollout.completions, strict=True)]
+    return {
+        "reward": rollout.scores.mean().item(),
+        **{f"rewards/{name}": values.mean().item() for name, values in rollout.components.items()},
+        **{name: float(count) for name, count in rollout.failures.items()},
+        "gold_reward": sum(gold) / len(gold),
+        "accuracy": sum(correct) / len(correct),
+    }
+
+
+def alarms(history: list[tuple[int, dict[str, float]]], cfg: RLConfig) -> list[str]:
+    """What looks wrong at the latest iteration: KL running away, entropy collapsing, reward hacking."""
+    latest = history[-1][1]
+    found = []
+    if latest.get("kl", 0.0) > cfg.kl_budget:
+        found.append(f"KL to the reference {latest['kl']:.2f} is over kl_budget={cfg.kl_budget}")
+    if latest["entropy"] < cfg.entropy_floor:
+        found.append(f"entropy {latest['entropy']:.3f} collapsed below entropy_floor={cfg.entropy_floor}")
+    if len(history) >= 2 * HACKING_WINDOW:
+        recent, before = history[-HACKING_WINDOW:], history[-2 * HACKING_WINDOW : -HACKING_WINDOW]
+
+        def change(name: str) -> float:
+            def mean(window):
+                values = [m[name] for _, m in window if name in m]  # an iteration that taught nothing has none
+                return sum(values) / max(1, len(values))
+
+            return mean(recent) - mean(before)
+
+        if change("reward") > 0 and change("gold_reward") < -0.02:
+            found.append(
+                f"reward hacking? over the last {HACKING_WINDOW} iterations the reward moved "
+                f"{change('reward'):+.3f} while the gold reward moved {change('gold_reward'):+.3f}"
+            )
+    return found
+
+
+def train(params: Params, cfg: RLConfig, stage: str, init_dir: Path, train_file: Path, reward_dirs: list[Path]) -> None:
+    """RL on the prompts of ``train_file`` from the policy in ``init_dir``; the policy is written to the stage's dir."""
+    make_deterministic(params.seed)
+    examples = read_examples(train_file)
+    if len(examples) < cfg.rollout_batch_size:
+        raise ValueError(f"{stage}: {len(examples)} training prompts, fewer than rollout_batch_size")
+    wanted = needed_roles(cfg)
+    if "reward" in wanted and not reward_dirs:
+        raise ValueError(f"{stage}: rewards.{REWARD_MODEL} needs a reward model (run the reward stage first)")
+    scorer = RewardScorer(cfg.rewards, cfg.reward_timeout_seconds)
+    tokenizer = load_tokenizer(init_dir)
+    roles = place(params, cfg, init_dir, reward_dirs, wanted)
+
+    config = {"stage": stage, "seed": params.seed, "device": params.device, **to_dict(cfg)}
+    checkpointer = Checkpointer(stage, fingerprint(config, [init_dir, train_file, *reward_dirs]))
+    state = LoopState(kl_coef=cfg.kl_coef)
+    if (checkpoint := checkpointer.load()) is not None:
+        for role in ("actor", "critic"):
+            if role in roles:
+                roles[role].call("load_state", checkpoint[role]).result()
+        if checkpoint["reference"] is not None:
+            roles["reference"].call("load_weights", checkpoint["reference"]).result()
+        set_rng_state(checkpoint["rng"])
+        state = LoopState(**{**checkpoint["state"], "moments": RunningMoments(**checkpoint["state"]["moments"])})
+        print(f"{stage}: resuming from the checkpoint at step {state.step} ({checkpointer.path})", flush=True)
+    reference_reset = checkpoint["reference"] if checkpoint is not None else None
+
+    with scorer, atomic_output(model_dir(stage)) as out, stage_live(stage) as live:
+        for logged_step, metrics in state.history:
+            log_step(live, logged_step, metrics)
+        progress = tqdm(range(state.step, cfg.steps), desc=stage, initial=state.step, total=cfg.steps)
+        raised: set[str] = set()
+        for step in progress:
+            started = time.perf_counter()
+            clock = dict.fromkeys(("time/generate", "time/score", "time/train"), 0.0)
+            rollout, metrics = collect(roles, scorer, examples, cfg, state, params.seed, clock)
+            if rollout is not None:
+                metrics |= rollout_metrics(rollout) | learn(roles, rollout, tokenizer, cfg, state, clock)
+            if cfg.kl_target is not None and "kl" in metrics:
+                state.kl_coef = adaptive_kl_coef(
+                    state.kl_coef, metrics["kl"], cfg.kl_target, cfg.kl_horizon, len(rollout.scores)
+                )
+            state.step = step + 1
+            if cfg.ref_reset_every and state.step % cfg.ref_reset_every == 0:
+                reference_reset = roles["actor"].call("weights").result()
+                roles["reference"].call("load_weights", reference_reset).result()
+            # Wall-clock times vary run to run: log them, but keep them out of the resumable history.
+            logged = {name: float(f"{value:.6g}") for name, value in metrics.items()}
+            state.history.append((state.step, logged))
+            log_step(live, state.step, logged)
+            # the phases and the bookkeeping around them; alarms and checkpoints come after
+            clock["time/step"] = time.perf_counter() - started
+            log_step(live, state.step, {name: round(seconds, 4) for name, seconds in clock.items()}, prefix="")
+            progress.set_postfix(reward=logged.get("reward"), gold=logged.get("gold_reward"))
+            if rollout is not None:
+                for alarm in alarms(state.history, cfg):
+                    if alarm.split()[0] not in raised:
+                        progress.write(f"WARNING {stage} step {state.step}: {alarm}")
+                    raised.add(alarm.split()[0])
+            if state.step % cfg.save_every == 0 and state.step < cfg.steps:
+                checkpointer.save(_checkpoint(roles, state, reference_reset))
+        final = _latest(state.history)
+        for name in ("reward", "gold_reward", "accuracy", "kl", "kl_coef", "entropy"):
+            if name in final:
+                live.summary[name] = final[name]
+        live.summary["kl_budget"] = cfg.kl_budget
+        live.make_summary()
+        roles["actor"].call("save", out, init_dir).result()
+    checkpointer.clear()
+
+
+def _latest(history: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
+    """The last value of every metric (an iteration whose rollout taught nothing logs only sampling stats)."""
+    latest: dict[str, float] = {}
+    for _, metrics in history:
+        latest.update(metrics)
+    return latest
+
+
+def _checkpoint(roles: dict[str, Worker], state: LoopState, reference: dict | None) -> dict[str, Any]:
+    return {
+        **{role: roles[role].call("state").result() for role in ("actor", "critic") if role in roles},
+        "reference": reference,
+        "rng": rng_state(),
+        "state": asdict(state),
+    }

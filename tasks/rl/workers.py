@@ -1,0 +1,302 @@
+"""The roles of an RL stage, each a self-contained worker that runs in the stage's process or as a Ray actor.
+
+- actor: the policy being trained, with its rollout engine (HF or vLLM, synced in place after each update);
+- critic: per-token values, trained on the returns (only for advantage estimators that need one);
+- reference: the frozen initial policy, the KL anchor (only when a KL term or a reference reset is asked for);
+- reward: the frozen reward model(s), scoring (prompt, response) texts; an ensemble is combined by mean or min.
+
+Workers exchange token tensors and texts, never models. ``place`` puts a role in this
+process (``colocate``) or on its own Ray actor with the resources ``roles`` gives it;
+the trainer calls both the same way and may run calls on different roles concurrently.
+"""
+
+import math
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+from transformers import PreTrainedModel
+
+from models import load_critic, load_policy, load_reference, load_reward_model, load_tokenizer, resolve_device
+from tasks.common.config import Params, RLConfig, StageResources
+from tasks.common.training import adamw_with_cosine, make_deterministic, rng_state, set_rng_state
+from tasks.rl.core_algos import (
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    clipped_value_loss,
+    entropy_from_logits,
+    masked_mean,
+    token_logprobs,
+)
+from tasks.rl.sequences import PackedBatch, score_texts, shared_prompt_logits
+from tasks.rollout.engine import Completion, RolloutEngine, Sampling
+from tasks.rollout.hf_engine import HFEngine
+
+
+def response_logprobs(
+    model: PreTrainedModel, batch: PackedBatch, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probs of the response tokens, their logits) under ``model`` at ``temperature``: (B, T), (B, T, V)."""
+    logits = shared_prompt_logits(model, batch).float() / temperature
+    return token_logprobs(logits, batch.response_ids), logits
+
+
+def _minibatches(size: int, minibatch_size: int, epochs: int) -> list[torch.Tensor]:
+    """Row indices of every minibatch of ``epochs`` shuffled passes (torch's seeded generator)."""
+    return [rows for _ in range(epochs) for rows in torch.randperm(size).split(minibatch_size)]
+
+
+def updates_per_rollout(rows: int, cfg: RLConfig) -> int:
+    """How many optimizer steps the actor takes on a rollout of ``rows`` responses: one per minibatch."""
+    return cfg.epochs * math.ceil(rows / cfg.minibatch_size)
+
+
+def _make_engine(params: Params, cfg: RLConfig, model: PreTrainedModel, tokenizer, model_dir: Path) -> RolloutEngine:
+    if cfg.rollout_backend == "vllm":
+        from tasks.rollout.vllm_engine import VLLMEngine  # vllm is optional: imported only when asked for
+
+        engine = VLLMEngine(model_dir, seed=params.seed, max_model_len=model.config.max_position_embeddings)
+        engine.sync_weights(model)
+        return engine
+    return HFEngine(model, tokenizer, params.eval.batch_size)
+
+
+class _TrainedRole:
+    """A role with a model, an optimizer and a schedule: its resumable state."""
+
+    model: PreTrainedModel
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng_state(),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+
+
+def _optimizer(model: torch.nn.Module, lr: float, cfg: RLConfig) -> tuple[torch.optim.Optimizer, LambdaLR]:
+    """AdamW with warm-up, then a constant rate or (``lr_schedule: cosine``) decay to 0 at the last iteration."""
+    return adamw_with_cosine(model, lr, 0.0, cfg.warmup_steps, cfg.steps if cfg.lr_schedule == "cosine" else None)
+
+
+class ActorWorker(_TrainedRole):
+    def __init__(self, params: Params, cfg: RLConfig, model_dir: Path):
+        self.cfg = cfg
+        make_deterministic(params.seed)
+        self.model = load_policy(model_dir, resolve_device(params.device))
+        self.model.train()
+        self.optimizer, self.scheduler = _optimizer(self.model, cfg.actor_lr, cfg)
+        self.engine = _make_engine(params, cfg, self.model, load_tokenizer(model_dir), model_dir)
+
+    def generate(self, prompts: list[str]) -> list[Completion]:
+        sampling = Sampling(self.cfg.max_new_tokens, n=self.cfg.group_size, temperature=self.cfg.temperature)
+        return self.engine.generate(prompts, sampling)
+
+    @torch.no_grad()
+    def logprobs(self, batch: PackedBatch) -> torch.Tensor:
+        return response_logprobs(self.model, batch.to(self.model.device), self.cfg.temperature)[0].cpu()
+
+    def update(
+        self,
+        batch: PackedBatch,
+        old_logprobs: torch.Tensor | None,
+        advantages: torch.Tensor,
+        ref_logprobs: torch.Tensor | None,
+        kl_coef: float,
+    ) -> tuple[dict[str, float], torch.Tensor]:
+        """``epochs`` passes of minibatch steps on the policy loss (minus the entropy bonus, plus the KL loss
+        when one is asked for), then an engine sync. Returns the metrics and π_old's log-probs (B, T).
+
+        ``old_logprobs`` None means a single update: π_old is then the policy about to take it, whose
+        log-probs are the update's own forward pass, detached (no separate pass for them)."""
+        cfg, device = self.cfg, self.model.device
+        policy_loss_fn = POLICY_LOSSES[cfg.policy_loss]
+        kl_estimator = KL_ESTIMATORS.get(cfg.kl_loss)
+        totals = {"policy_loss": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "approx_kl": 0.0, "grad_norm": 0.0}
+        minibatches = _minibatches(len(advantages), cfg.minibatch_size, cfg.epochs)
+        if old_logprobs is None and len(minibatches) > 1:
+            raise ValueError(f"{len(minibatches)} updates per rollout need the old log-probs computed before them")
+        from_update = old_logprobs is None
+        old_logprobs = torch.zeros_like(advantages) if from_update else old_logprobs
+        for rows in minibatches:
+            part = batch.select(rows).to(device)
+            logprobs, logits = response_logprobs(self.model, part, cfg.temperature)
+            mask = part.response_mask
+            if from_update:
+                old_logprobs[rows] = logprobs.detach().cpu()
+            old = old_logprobs[rows].to(device)
+            policy_loss, clip_fraction = policy_loss_fn(
+                logprobs,
+                old,
+                advantages[rows].to(device),
+                mask,
+                eps_low=cfg.clip_low,
+                eps_high=cfg.clip_high,
+                max_length=cfg.max_new_tokens,
+            )
+            with torch.set_grad_enabled(cfg.entropy_coef != 0):  # a metric only, unless it is in the loss
+                entropy = masked_mean(entropy_from_logits(logits), mask)
+            loss = policy_loss - cfg.entropy_coef * entropy
+            if kl_estimator is not None:
+                loss = loss + kl_coef * masked_mean(kl_estimator(logprobs, ref_logprobs[rows].to(device)), mask)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            self.optimizer.step()
+            with torch.no_grad():
+                # k3 estimate of KL(π_old ‖ π_θ) on the sampled tokens: how far this update moved the policy
+                log_ratio = torch.where(mask.bool(), old - logprobs, 0)
+                approx_kl = masked_mean(torch.expm1(log_ratio) - log_ratio, mask)
+            for name, value in zip(totals, (policy_loss, clip_fraction, entropy, approx_kl, grad_norm), strict=True):
+                totals[name] += value.item() / len(minibatches)
+        self.scheduler.step()
+        self.engine.sync_weights(self.model)
+        return totals, old_logprobs
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {name: tensor.detach().cpu().clone() for name, tensor in self.model.state_dict().items()}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        self.engine.sync_weights(self.model)
+
+    def save(self, out: Path, tokenizer_dir: Path) -> None:
+        self.model.save_pretrained(out)
+        load_tokenizer(tokenizer_dir).save_pretrained(out)
+
+
+class CriticWorker(_TrainedRole):
+    def __init__(self, params: Params, cfg: RLConfig, model_dir: Path):
+        self.cfg = cfg
+        make_deterministic(params.seed + 1)
+        self.model = load_critic(model_dir, resolve_device(params.device))
+        self.model.train()
+        self.optimizer, self.scheduler = _optimizer(self.model, cfg.critic_lr, cfg)
+
+    def _values(self, batch: PackedBatch) -> torch.Tensor:
+        return batch.response_logits(self.model(**batch.model_inputs()).logits).squeeze(-1).float()
+
+    @torch.no_grad()
+    def values(self, batch: PackedBatch) -> torch.Tensor:
+        return self._values(batch.to(self.model.device)).cpu()
+
+    def update(self, batch: PackedBatch, old_values: torch.Tensor, returns: torch.Tensor) -> dict[str, float]:
+        cfg, device = self.cfg, self.model.device
+        minibatches = _minibatches(len(old_values), cfg.minibatch_size, cfg.epochs)
+        total = 0.0
+        for rows in minibatches:
+            part = batch.select(rows).to(device)
+            loss = clipped_value_loss(
+                self._values(part),
+                old_values[rows].to(device),
+                returns[rows].to(device),
+                part.response_mask,
+                cfg.value_clip,
+            )
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            self.optimizer.step()
+            total += loss.item() / len(minibatches)
+        self.scheduler.step()
+        return {"value_loss": total}
+
+
+class ReferenceWorker:
+    def __init__(self, params: Params, cfg: RLConfig, model_dir: Path):
+        self.temperature = cfg.temperature
+        self.model = load_reference(model_dir, resolve_device(params.device))
+
+    @torch.no_grad()
+    def logprobs(self, batch: PackedBatch) -> torch.Tensor:
+        return response_logprobs(self.model, batch.to(self.model.device), self.temperature)[0].cpu()
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {name: tensor.cpu() for name, tensor in self.model.state_dict().items()}
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Make the current policy the new anchor (a reference reset)."""
+        self.model.load_state_dict(weights)
+
+
+class RewardWorker:
+    def __init__(self, params: Params, cfg: RLConfig, member_dirs: list[Path]):
+        device = resolve_device(params.device)
+        self.members = [(load_reward_model(path, device), load_tokenizer(path)) for path in member_dirs]
+        self.combine, self.batch_size = cfg.reward_ensemble, params.eval.batch_size
+
+    def score(self, prompts: list[str], responses: list[str]) -> torch.Tensor:
+        scores = torch.stack(
+            [score_texts(model, tokenizer, prompts, responses, self.batch_size) for model, tokenizer in self.members]
+        )
+        return scores.mean(0) if self.combine == "mean" else scores.min(0).values
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {
+            f"{index}.{name}": tensor.cpu()
+            for index, (model, _) in enumerate(self.members)
+            for name, tensor in model.state_dict().items()
+        }
+
+
+class Pending:
+    """A call's result: already computed (colocated) or a Ray object to fetch."""
+
+    def __init__(self, value: Any, remote: bool):
+        self.value, self.remote = value, remote
+
+    def result(self) -> Any:
+        return ray.get(self.value) if self.remote else self.value
+
+
+class Worker:
+    """One role, in this process or on a Ray actor; ``call`` returns a Pending either way."""
+
+    def __init__(self, role: type, args: tuple, resources: StageResources | None):
+        if resources is None:
+            self.handle, self.remote = role(*args), False
+        else:
+            actor = ray.remote(role).options(
+                num_cpus=resources.num_cpus,
+                num_gpus=resources.num_gpus,
+                memory=int(resources.memory_gb * 2**30) or None,
+            )
+            self.handle, self.remote = actor.remote(*args), True
+
+    def call(self, method: str, *args: Any) -> Pending:
+        if self.remote:
+            return Pending(getattr(self.handle, method).remote(*args), remote=True)
+        return Pending(getattr(self.handle, method)(*args), remote=False)
+
+
+def place(
+    params: Params, cfg: RLConfig, policy_dir: Path, reward_dirs: list[Path], wanted: set[str]
+) -> dict[str, Worker]:
+    """Start the ``wanted`` roles (the actor always), colocated in this process or each on its own Ray actor."""
+    critic_dir = reward_dirs[0] if cfg.critic_init == "reward" and reward_dirs else policy_dir
+    roles = {
+        "actor": (ActorWorker, (params, cfg, policy_dir)),
+        "critic": (CriticWorker, (params, cfg, critic_dir)),
+        "reference": (ReferenceWorker, (params, cfg, policy_dir)),
+        "reward": (RewardWorker, (params, cfg, reward_dirs)),
+    }
+    if not cfg.colocate:
+        from tasks.common.cluster import connect_ray
+
+        connect_ray(params.runner)
+    return {
+        name: Worker(role, args, None if cfg.colocate else cfg.roles.get(name, StageResources()))
+        for name, (role, args) in roles.items()
+        if name == "actor" or name in wanted
+    }

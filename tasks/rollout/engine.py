@@ -1,0 +1,42 @@
+"""The rollout interface every stage samples through: how to decode, what comes back, and the engine protocol.
+
+Stages talk to ``RolloutEngine``, so the backend is a param: a sampling loop over a Hugging
+Face model (``hf_engine.py``, the default for small models and CPUs) or vLLM
+(``vllm_engine.py``). An engine reports the log-probability it sampled each token with, so
+a trainer can measure how far the engine's numbers drift from its own, and takes the
+trainer's weights in place after each policy update.
+"""
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from transformers import PreTrainedModel
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How to decode: ``greedy`` ignores ``temperature``; ``n`` completions per prompt."""
+
+    max_new_tokens: int
+    n: int = 1
+    greedy: bool = False
+    temperature: float = 1.0
+
+
+@dataclass(frozen=True)
+class Completion:
+    prompt_index: int
+    token_ids: list[int]  # the generated tokens, up to and including end-of-sequence
+    text: str  # decoded without special tokens
+    logprobs: list[float]  # the engine's log-prob of each generated token (temperature applied)
+    truncated: bool = False  # stopped at max_new_tokens without end-of-sequence
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompts: list[str], sampling: Sampling) -> list[Completion]:
+        """Completions grouped by prompt: the n of prompt 0, then the n of prompt 1, ..."""
+        ...
+
+    def sync_weights(self, model: PreTrainedModel) -> None:
+        """Make the engine sample from ``model``'s current weights (in place, no reload from disk)."""
+        ...

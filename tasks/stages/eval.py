@@ -1,0 +1,68 @@
+"""Stage `eval@<model>`: held-out greedy pass@1, sampled pass@k, format compliance and response length.
+
+``gold_reward`` is the gold judge's mean utility (``tasks/data/judge.py``, [0, 1]) of the sampled
+responses: the policy's expected reward as RLHF optimises it, measured by the judge it never saw.
+"""
+
+import json
+
+import torch
+
+from models import load_policy, load_tokenizer, resolve_device
+from tasks.common.artifacts import DATA_DIR, atomic_output, model_dir, stage_dir
+from tasks.common.config import EvalConfig, Params
+from tasks.common.tracking import stage_live
+from tasks.common.training import make_deterministic
+from tasks.data.datasets import read_examples
+from tasks.data.judge import gold_utility
+from tasks.data.problems import Example, score_response
+from tasks.rl.core_algos import pass_at_k
+from tasks.rollout.engine import Completion, RolloutEngine, Sampling
+from tasks.rollout.hf_engine import HFEngine
+
+
+def greedy_responses(
+    engine: RolloutEngine, examples: list[Example], max_new_tokens: int
+) -> tuple[list[Completion], torch.Tensor]:
+    """The greedy completion of each example and its (formatted, correct) verdict, a row per example."""
+    greedy = engine.generate([e.prompt for e in examples], Sampling(max_new_tokens, greedy=True))
+    return greedy, torch.tensor([score_response(examples[c.prompt_index], c.text) for c in greedy])
+
+
+def evaluate(engine: RolloutEngine, examples: list[Example], cfg: EvalConfig) -> tuple[dict[str, float], list[dict]]:
+    """Held-out metrics of the policy behind ``engine``, and its greedy responses row by row."""
+    prompts = [e.prompt for e in examples]
+    greedy, greedy_scores = greedy_responses(engine, examples, cfg.max_new_tokens)
+    sampled = engine.generate(prompts, Sampling(cfg.max_new_tokens, n=cfg.k, temperature=cfg.temperature))
+    gold = [gold_utility(examples[c.prompt_index], c.text) for c in sampled]
+    sampled_correct = torch.tensor([score_response(examples[c.prompt_index], c.text)[1] for c in sampled])
+    correct_per_prompt = sampled_correct.view(len(prompts), cfg.k).sum(-1)
+    metrics = {
+        "pass@1": greedy_scores[:, 1].float().mean().item(),
+        "pass@k": pass_at_k(cfg.k, correct_per_prompt, cfg.k).mean().item(),
+        "sample_accuracy": sampled_correct.float().mean().item(),
+        "gold_reward": sum(gold) / len(gold),
+        "format_rate": greedy_scores[:, 0].float().mean().item(),
+        "response_length": sum(len(c.token_ids) for c in greedy) / len(greedy),
+    }
+    rows = [
+        {"prompt": prompts[c.prompt_index], "response": c.text, "formatted": bool(f), "correct": bool(ok)}
+        for c, (f, ok) in zip(greedy, greedy_scores.tolist(), strict=True)
+    ]
+    return metrics, rows
+
+
+def run(params: Params, target: str) -> None:
+    make_deterministic(params.seed)
+    tokenizer = load_tokenizer(model_dir(target))
+    engine = HFEngine(load_policy(model_dir(target), resolve_device(params.device)), tokenizer, params.eval.batch_size)
+    metrics, rows = evaluate(engine, read_examples(DATA_DIR / "test.jsonl"), params.eval)
+    stage = f"eval@{target}"
+    with atomic_output(stage_dir(stage)) as out, stage_live(stage) as live:
+        out.mkdir()
+        with open(out / "greedy.jsonl", "w") as handle:
+            for row in rows:
+                handle.write(json.dumps(row) + "\n")
+        for name, value in metrics.items():
+            live.log_metric(name, round(value, 6), plot=False)
+    print(f"{stage}: " + ", ".join(f"{name}={value:.3f}" for name, value in metrics.items()), flush=True)

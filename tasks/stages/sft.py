@@ -1,0 +1,149 @@
+"""Stages `sft`, `sft_cold` and `sft_rs@<round>`: supervised fine-tuning on worked solutions, loss on response
+tokens only. ``sft`` trains on the training split (RLHF's first stage), ``sft_cold`` on its first few examples
+(R1's cold start), ``sft_rs@<round>`` on a round's rejection-sampled data (R1's second SFT); each starts from
+the model its section's ``init`` names.
+
+AdamW with warm-up and cosine decay, gradient clipping, and a checkpoint every
+``sft.save_every`` steps holding everything needed to continue bit-for-bit:
+weights, optimiser, schedule, RNG, step (the data position follows from the
+step), and the metric history logged so far.
+"""
+
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from models import load_policy, load_tokenizer, resolve_device
+from tasks.common.artifacts import DATA_DIR, atomic_output, model_dir, stage_dir
+from tasks.common.config import Params, SFTConfig, to_dict
+from tasks.common.tracking import log_step, stage_live
+from tasks.common.training import (
+    Checkpointer,
+    adamw_with_cosine,
+    epoch_batch,
+    fingerprint,
+    make_deterministic,
+    rng_state,
+    set_rng_state,
+)
+from tasks.data.datasets import DatasetError, read_examples
+from tasks.data.problems import Example
+from tasks.rl.core_algos import sft_loss
+from tasks.rl.sequences import finished_response_ids
+
+
+class SFTBatches:
+    """Tokenised (prompt, response) pairs served as padded batches in a seeded per-epoch order."""
+
+    def __init__(self, examples: list[Example], tokenizer, cfg: SFTConfig, source: Path, seed: int):
+        self.sequences: list[tuple[list[int], int]] = []  # (token ids, prompt length)
+        for row, example in enumerate(examples, start=1):
+            prompt = tokenizer(example.prompt)["input_ids"]
+            response = finished_response_ids(tokenizer, example.solution)
+            too_long = [
+                f"{what} is {length} tokens, over sft.{limit}={getattr(cfg, limit)}"
+                for what, length, limit in [
+                    ("prompt", len(prompt), "max_prompt_length"),
+                    ("prompt + solution", len(prompt) + len(response), "max_length"),
+                ]
+                if length > getattr(cfg, limit)
+            ]
+            if too_long:
+                raise DatasetError(f"{source}:{row}: {too_long[0]}")
+            self.sequences.append((prompt + response, len(prompt)))
+        if len(self.sequences) < cfg.batch_size:
+            raise DatasetError(f"{source}: {len(self.sequences)} examples, fewer than sft.batch_size={cfg.batch_size}")
+        self.batch_size, self.seed, self.pad_id = cfg.batch_size, seed, tokenizer.pad_token_id
+
+    def __getitem__(self, step: int) -> dict[str, torch.Tensor]:
+        chosen = [self.sequences[i] for i in epoch_batch(len(self.sequences), self.batch_size, step, self.seed)]
+        width = max(len(ids) for ids, _ in chosen)
+        input_ids = torch.full((len(chosen), width), self.pad_id, dtype=torch.long)
+        loss_mask = torch.zeros((len(chosen), width))
+        attention_mask = torch.zeros((len(chosen), width), dtype=torch.long)
+        for row, (ids, prompt_length) in enumerate(chosen):
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            attention_mask[row, : len(ids)] = 1
+            loss_mask[row, prompt_length : len(ids)] = 1.0
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+
+
+def train(params: Params, cfg: SFTConfig, stage: str, init_dir: Path, train_file: Path) -> None:
+    """Fine-tune the model in ``init_dir`` on ``train_file`` and write it to ``artifacts/<stage>``."""
+    make_deterministic(params.seed)
+    device = resolve_device(params.device)
+    tokenizer = load_tokenizer(init_dir)
+    batches = SFTBatches(read_examples(train_file)[: cfg.num_examples], tokenizer, cfg, train_file, params.seed)
+    model = load_policy(init_dir, device)
+    model.train()
+    optimizer, scheduler = adamw_with_cosine(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, cfg.max_steps)
+
+    checkpointer = Checkpointer(
+        stage, fingerprint({"stage": stage, "seed": params.seed, **to_dict(cfg)}, [init_dir, train_file])
+    )
+    start_step, history, interval = 0, [], {"loss_sum": 0.0, "steps": 0}
+    if (checkpoint := checkpointer.load()) is not None:
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        scheduler.load_state_dict(checkpoint["scheduler"])
+        set_rng_state(checkpoint["rng"])
+        start_step, history, interval = checkpoint["step"], checkpoint["history"], checkpoint["interval"]
+        print(f"{stage}: resuming from the checkpoint at step {start_step} ({checkpointer.path})", flush=True)
+
+    with atomic_output(model_dir(stage)) as out, stage_live(stage) as live:
+        for logged_step, metrics in history:
+            log_step(live, logged_step, metrics)
+        progress = tqdm(range(start_step, cfg.max_steps), desc=stage, initial=start_step, total=cfg.max_steps)
+        for step in progress:
+            batch = {name: tensor.to(device) for name, tensor in batches[step].items()}
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            loss = sft_loss(logits, batch["input_ids"], batch["loss_mask"])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            interval["loss_sum"] += loss.item()
+            interval["steps"] += 1
+
+            done = step + 1
+            if done % cfg.log_every == 0 or done == cfg.max_steps:
+                metrics = {
+                    "loss": round(interval["loss_sum"] / interval["steps"], 6),
+                    "grad_norm": round(grad_norm.item(), 6),
+                    "lr": scheduler.get_last_lr()[0],
+                }
+                history.append((done, metrics))
+                log_step(live, done, metrics)
+                progress.set_postfix(loss=metrics["loss"])
+                interval = {"loss_sum": 0.0, "steps": 0}
+            if done % cfg.save_every == 0 and done < cfg.max_steps:
+                checkpointer.save(
+                    {
+                        "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(),
+                        "rng": rng_state(),
+                        "step": done,
+                        "history": history,
+                        "interval": interval,
+                    }
+                )
+        live.make_summary()
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    checkpointer.clear()
+
+
+def run(params: Params) -> None:
+    train(params, params.sft, "sft", model_dir(params.sft.init), DATA_DIR / "train.jsonl")
+
+
+def run_cold_start(params: Params) -> None:
+    train(params, params.sft_cold, "sft_cold", model_dir(params.sft_cold.init), DATA_DIR / "train.jsonl")
+
+
+def run_round(params: Params, round_name: str) -> None:
+    train_file = stage_dir(f"rejection@{round_name}") / "train.jsonl"
+    train(params, params.sft_rs, f"sft_rs@{round_name}", model_dir(params.sft_rs.init), train_file)

@@ -1,0 +1,115 @@
+"""dvc.yaml tells the truth: every stage lists the code it runs, and the stage registry agrees with it.
+
+``dvc.lock`` vouches for an artifact only as far as dvc.yaml's deps reach: a module a stage imports
+but does not list could change without DVC noticing, and the artifact would stay "up to date".
+"""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+from dvc.repo import Repo
+
+from tasks.common.artifacts import stage_dir
+from tasks.common.config import stage_kinds
+from tasks.common.params import load_params
+from tasks.common.registry import parse_stage_name
+from tests.conftest import ENV, REPO, make_project
+from tests.imports import has_code, transitive_imports
+
+_COMMAND = re.compile(r"alignflow stage (\S+)")
+
+
+@pytest.fixture(scope="module")
+def dvc_stages() -> list:
+    """Every stage of the repo's dvc.yaml, foreach groups expanded, as DVC itself resolves them."""
+    with Repo(str(REPO)) as repo:
+        return list(repo.index.stages)
+
+
+def _stage_name(stage) -> str:
+    return _COMMAND.fullmatch(stage.cmd).group(1)
+
+
+def test_every_stage_runs_an_alignflow_stage_of_a_registered_kind(dvc_stages):
+    kinds_in_dvc = {parse_stage_name(_stage_name(stage))[0].name for stage in dvc_stages}
+    assert kinds_in_dvc == set(stage_kinds())
+
+
+def test_every_module_a_stage_imports_is_among_its_deps(dvc_stages):
+    missing = {}
+    for stage in dvc_stages:
+        kind, _ = parse_stage_name(_stage_name(stage))
+        deps = [REPO / dep.def_path for dep in stage.deps]
+        imported = transitive_imports(kind.entry.partition(":")[0])
+        uncovered = [
+            str(path.relative_to(REPO))
+            for path in imported.values()
+            if has_code(path) and not any(path == dep or dep in path.parents for dep in deps)
+        ]
+        if uncovered:
+            missing[stage.addressing] = uncovered
+    assert not missing, f"modules imported but not in dvc.yaml deps: {missing}"
+
+
+def test_the_checker_sees_lazy_imports_and_package_parents():
+    imported = transitive_imports("tasks.rl.trainer")
+    assert "tasks.rollout.vllm_engine" in imported  # imported inside a function, only for rollout_backend=vllm
+    assert {"tasks", "tasks.rl", "tasks.data.problems.countdown"} <= set(imported)
+    assert not has_code(imported["tasks.rl"]) and has_code(imported["tasks.data.problems"])
+
+
+def test_the_registry_reads_and_writes_what_dvc_yaml_declares(dvc_stages):
+    params = load_params(REPO / "params.yaml")
+    for stage in dvc_stages:
+        name = _stage_name(stage)
+        kind, target = parse_stage_name(name)
+        section = getattr(params, stage_kinds()[kind.name][1])
+        values = {"init": getattr(section, "init", None), "model": target, "round": target}
+        if kind.target == "round":
+            values["round.policy"] = params.rounds[target].policy
+        reads = {re.sub(r"\$\{([\w.]+)\}", lambda m, known=values: known[m.group(1)], read) for read in kind.reads}
+        declared = {dep.def_path for dep in stage.deps if dep.def_path.startswith("artifacts/")}
+        assert declared == {str(stage_dir(read)) for read in reads}, name
+        assert str(stage_dir(name)) in {out.def_path for out in stage.outs}, name
+
+
+def test_editing_the_verifier_marks_every_stage_that_scores_with_it_changed(tmp_path, monkeypatch):
+    """Record every stage as done (stand-in outputs, `dvc commit`), edit countdown's verifier: DVC must see it."""
+    project = make_project(tmp_path)
+    monkeypatch.chdir(project)  # DVC resolves stage paths against the working directory
+    with Repo(str(project)) as repo:
+        for stage in repo.index.stages:
+            for out in stage.outs:
+                path = project / out.def_path
+                path.parent.mkdir(parents=True, exist_ok=True)
+                if path.suffix == ".json":
+                    path.write_text("{}")
+                else:
+                    path.mkdir(exist_ok=True)
+                    (path / "placeholder").write_text(out.def_path)
+        repo.commit(force=True)
+        names = {_stage_name(stage) for stage in repo.index.stages}
+    assert _changed(project) == set()
+
+    verifier = project / "tasks/data/problems/countdown.py"
+    verifier.write_text(verifier.read_text() + "\n_UNUSED = None\n")
+    changed = _changed(project)
+    scoring = {name for name in names if name != "base"}  # every stage but base reads problems through their checks
+    assert changed == scoring
+    assert {"grpo", "grpo_zero", "rejection@1", "grpo_final@1", "ppo"} <= changed
+    assert {name for name in names if name.startswith("eval@")} <= changed
+
+
+def _changed(project) -> set[str]:
+    """The stages `dvc status` reports as changed, by their alignflow stage names."""
+    result = subprocess.run(
+        [sys.executable, "-m", "dvc", "status", "--json"], cwd=project, env=ENV, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    status = json.loads(result.stdout)
+    with Repo(str(project)) as repo:
+        by_address = {stage.addressing: _stage_name(stage) for stage in repo.index.stages}
+    return {by_address[address] for address in status}
