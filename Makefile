@@ -6,7 +6,7 @@ INSTALLED := $(VENV)/.installed
 # dvc.yaml's commands call `alignflow`, so the venv's bin must be on PATH.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: pipeline test lint
+.PHONY: pipeline test test-fast lint
 
 pipeline: $(INSTALLED)
 	alignflow repro sft
@@ -14,6 +14,10 @@ pipeline: $(INSTALLED)
 
 test: $(INSTALLED) lint
 	$(BIN)/python -m pytest -ra --durations=10
+
+# Everything but the tests marked slow (end-to-end pipelines, Prefect servers): the quick loop while editing.
+test-fast: $(INSTALLED) lint
+	$(BIN)/python -m pytest -ra -m "not slow" --durations=5
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
@@ -51,7 +52,11 @@ def load_reference(path: str | Path, device: torch.device) -> PreTrainedModel:
 
 
 def load_critic(path: str | Path, device: torch.device) -> PreTrainedModel:
-    return AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=torch.float32).to(device)
+    # No dropout before the value head (transformers' default is 0.1): the values that feed GAE and the value
+    # clip must be the ones the update regresses, not a fresh random mask each pass.
+    config = AutoConfig.from_pretrained(path, num_labels=1)
+    config.classifier_dropout = 0.0
+    return AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32).to(device)
 
 
 def load_reward_model(path: str | Path, device: torch.device, trainable: bool = False) -> PreTrainedModel:
