@@ -124,6 +124,10 @@ def _run_pipeline(args: argparse.Namespace) -> None:
 def _repro(args: argparse.Namespace) -> int:
     from dvc.cli import main as dvc_main
 
+    from tasks.common.params import load_params
+
+    # DVC removes a stage's outputs before running it: a params.yaml the stage would refuse must never get that far.
+    load_params("params.yaml")
     return dvc_main(["repro", *PIPELINES[args.pipeline].targets])
 
 
@@ -144,11 +148,15 @@ def _report(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from tasks.common.config import ConfigError
+    from tasks.common.errors import NonFiniteError
     from tasks.data.datasets import DatasetError
 
     try:
         commands = {"stage": _run_stage, "repro": _repro, "run": _run_pipeline, "serve": _serve, "report": _report}
         return commands[args.command](args) or 0
+    except NonFiniteError as error:
+        print(f"alignflow: error: {error}. The stage stopped before that update and wrote no output.", file=sys.stderr)
+        return 1
     except (ConfigError, DatasetError, ValueError) as error:
         print(f"alignflow: error: {error}", file=sys.stderr)
         return 2

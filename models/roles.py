@@ -43,6 +43,11 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+def context_length(path: str | Path) -> int:
+    """The longest sequence the model in ``path`` attends over (its position embeddings)."""
+    return AutoConfig.from_pretrained(path).max_position_embeddings
+
+
 def load_policy(path: str | Path, device: torch.device) -> PreTrainedModel:
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
 

@@ -185,13 +185,17 @@ def test_ctrl_c_stops_the_stage_running_on_ray(prefect_env, tmp_path):
 
 
 def test_stage_killed_mid_run_resumes_from_its_checkpoint_on_the_next_run(uninterrupted, prefect_env, tmp_path):
-    project = make_project(tmp_path)
-    flow = subprocess.Popen(
-        ["alignflow", "run", "sft"], cwd=project, env=prefect_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    project = make_project(tmp_path / "project")
+    log = tmp_path / "flow.log"
+    with log.open("wb") as output:
+        flow = subprocess.Popen(
+            ["alignflow", "run", "sft"], cwd=project, env=prefect_env, stdout=output, stderr=subprocess.STDOUT
+        )
     checkpoints = project / ".alignflow/checkpoints/sft"
     _wait_until(lambda: list(checkpoints.glob("*/latest.pt")) or flow.poll() is not None, 600, "a checkpoint")
-    _stage_process(project, "sft").kill()
+    stage = _stage_process(project, "sft")
+    assert stage is not None, f"no sft process to kill at its first checkpoint; the flow printed:\n{log.read_text()}"
+    stage.kill()
     assert flow.wait(timeout=300) != 0, "the flow fails when a stage is killed and no retries are left"
     assert not (project / "artifacts/sft").exists()
 

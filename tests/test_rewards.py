@@ -9,6 +9,7 @@ EXAMPLE = Example("arithmetic", "12+30=", "42", "<think>2+0+0=2,1+3+0=4</think><
 RESPONSES = [EXAMPLE.solution, "<think>2+0+0=2,1+3+0=5</think><answer>52</answer>", "42", "<think>"]
 
 USER_MODULE = """
+import os
 import time
 
 def first_char_is_digit(batch):
@@ -30,6 +31,12 @@ def wrong_length(batch):
 
 def not_a_number(batch):
     return [float("nan")] * len(batch.responses)
+
+def numeric_strings(batch):
+    return ["1.0"] * len(batch.responses)
+
+def dies(batch):
+    os._exit(3)
 """
 
 
@@ -80,7 +87,7 @@ def test_a_reward_that_raises_on_some_responses_scores_them_zero_and_counts_them
     assert parts["format"].tolist() == [1.0, 1.0, 0.0, 0.0]
 
 
-@pytest.mark.parametrize("function", ["always_raises", "wrong_length", "not_a_number"])
+@pytest.mark.parametrize("function", ["always_raises", "wrong_length", "not_a_number", "numeric_strings"])
 def test_a_broken_reward_is_counted_not_fatal(user_rewards, function):
     name = f"{user_rewards}:{function}"
     with RewardScorer({name: 1.0, "accuracy": 1.0}, timeout_seconds=60) as scorer:
@@ -107,3 +114,31 @@ def test_a_reward_that_cannot_be_found_is_named_before_anything_runs(user_reward
     with pytest.raises(ValueError, match=message) as error:
         resolve(name)
     assert name in str(error.value)
+
+
+def test_a_reward_process_that_dies_is_counted_as_a_crash_not_a_timeout(user_rewards):
+    name = f"{user_rewards}:dies"
+    with RewardScorer({name: 1.0, "accuracy": 1.0}, timeout_seconds=60) as scorer:
+        total, _, failures = scorer.score(_batch())
+        assert _nonzero(failures) == {f"crashes/{name}": len(RESPONSES)} and total.tolist() == [1.0, 0.0, 0.0, 0.0]
+        _, _, failures = scorer.score(_batch())  # a fresh process, the same verdict
+        assert _nonzero(failures) == {f"crashes/{name}": len(RESPONSES)}
+
+
+def _nonzero(failures: dict[str, int]) -> dict[str, int]:
+    return {metric: count for metric, count in failures.items() if count}
+
+
+@pytest.mark.parametrize(
+    ("function", "warn_fraction", "warned"),
+    [("always_raises", 0.5, True), ("raises_on_digits", 0.5, False), ("raises_on_digits", 0.2, True)],
+)
+def test_a_reward_failing_on_more_than_the_set_fraction_warns_in_the_log(
+    user_rewards, capsys, function, warn_fraction, warned
+):
+    name = f"{user_rewards}:{function}"
+    with RewardScorer({name: 1.0}, timeout_seconds=60, warn_fraction=warn_fraction) as scorer:
+        _, _, failures = scorer.score(_batch())
+    failed = failures[f"errors/{name}"]
+    warning = f"WARNING reward {name!r} failed on {failed} of {len(RESPONSES)} responses"
+    assert (warning in capsys.readouterr().out) == warned

@@ -27,12 +27,28 @@ MALFORMED_CONFIGS = [
     (["base.max_position_embeddings=32"], "base.max_position_embeddings: must be >="),
     (["data.train_file=missing.jsonl"], "data.train_file: no file"),
     (["sft.max_steps"], "expected key=value"),
-    (["colour=blue"], "colour: unknown key"),
+    (["colour=blue"], "override: colour: unknown key"),
     (["ppo.rollout_backend=vllm", "device=cpu"], "base.num_heads: ppo.rollout_backend=vllm on CPU needs a head size"),
     (["ppo.kl_target=0"], "ppo.kl_target: must be > 0"),
     (["ppo.reward_ensemble=max"], "ppo.reward_ensemble: must be one of"),
     (["preferences.samples_per_prompt=1"], "preferences.samples_per_prompt: must be >= 2"),
     (["preferences.train_file=missing.jsonl"], "preferences.train_file: no file"),
+    (["sft.lr=inf"], "sft.lr: must be a finite number, got inf"),
+    (["sft.lr=nan"], "sft.lr: must be a finite number, got nan"),
+    (["ppo.kl_coef=-inf"], "ppo.kl_coef: must be a finite number"),
+    (["grpo.reward_timeout_seconds=inf"], "grpo.reward_timeout_seconds: must be a finite number"),
+    (["grpo.rewards={accuracy: .nan}"], "grpo.rewards.accuracy: the weight must be a finite number"),
+    (["grpo.rewards={bogus: 1.0}"], "grpo.rewards.bogus: not a reward"),
+    (["grpo.rewards={no_such_module:f: 1.0}"], "grpo.rewards.no_such_module:f: cannot be imported: ModuleNotFound"),
+    (["grpo.reward_failure_warning=-0.5"], "grpo.reward_failure_warning: must be >= 0"),
+    (["seed=4294967296"], "seed: must be <= 4294967295"),
+    (["data.num_train=100000000"], "data.num_train: must be <= 1000000"),
+    (["data.num_test=10000000"], "data.num_test: must be <= 100000"),
+    (["sft=1"], "override: sft: must be a section of keys, got 1"),
+    (["base.model_path=/tmp"], "base.model_path: '/tmp' is not a Hugging Face model directory"),
+    (["sft.init=nosuch"], "sft.init: not a model trained before sft"),
+    (["sft_cold.init=sft_cold"], "sft_cold.init: not a model trained before sft_cold"),
+    (["grpo_final.init=sft"], "override: grpo_final.init: unknown key"),
 ]
 
 
@@ -47,10 +63,22 @@ def test_malformed_config_is_rejected_naming_the_key(project, capsys, overrides,
     assert _produced(project) == []
 
 
-def test_malformed_params_file_is_rejected_naming_the_file(project, capsys):
-    (project / "params.yaml").write_text("sft:\n  lr: [unclosed\n")
+MALFORMED_PARAMS_FILES = [
+    (b"sft:\n  lr: [unclosed\n", "params.yaml"),
+    (b"sft:\n  lr: 0.001 \xff\n", "params.yaml: not UTF-8 text (byte 17 is 0xff)"),
+    (b"", "params.yaml: empty"),
+    (b"# every key commented out\n", "params.yaml: empty"),
+    (b"- sft\n- grpo\n", "params.yaml: a list, not a mapping of sections"),
+    (b"sft: 1\n", "params.yaml: sft: must be a section of keys, got 1"),
+    (b"sft:\n  lr: .inf\n", "sft.lr: must be a finite number, got inf"),
+]
+
+
+@pytest.mark.parametrize(("content", "message"), MALFORMED_PARAMS_FILES, ids=lambda v: str(v)[:30])
+def test_malformed_params_file_is_rejected_naming_the_file(project, capsys, content, message):
+    (project / "params.yaml").write_bytes(content)
     assert main(["stage", "data"]) == 2
-    assert "params.yaml" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
     assert _produced(project) == []
 
 
@@ -94,6 +122,16 @@ GOOD_ROW = {
     "solution": "<think>2+0+0=2,1+3+0=4</think><answer>42</answer>",
 }
 
+COUNTDOWN_ROW = {
+    "task": "countdown",
+    "prompt": "49 from 3,25,27:",
+    "answer": "25+27-3",
+    "solution": "<think>25+27=52,52-3=49</think><answer>25+27-3</answer>",
+    "meta": {"numbers": [3, 25, 27], "target": 49},
+}
+
+OTHER_GOOD_ROW = {**GOOD_ROW, "prompt": "11+31=", "solution": "<think>1+1+0=2,1+3+0=4</think><answer>42</answer>"}
+
 MALFORMED_ROWS = [
     ("{not json", "not valid JSON"),
     ("[1, 2]", "must be a JSON object"),
@@ -106,13 +144,21 @@ MALFORMED_ROWS = [
     (json.dumps({**GOOD_ROW, "meta": [1]}), "'meta' must be a JSON object"),
     (json.dumps({**GOOD_ROW, "task": "countdown", "solution": "<think></think><answer>1+2</answer>"}), "'meta' lacks"),
     (json.dumps({**GOOD_ROW, "label": 1}), "unknown key(s) label"),
+    (
+        json.dumps({**GOOD_ROW, "prompt": "2+2=", "answer": "5", "solution": "<think></think><answer>5</answer>"}),
+        "'answer' '5' is not what the prompt '2+2=' gives (4)",
+    ),
+    (json.dumps({**COUNTDOWN_ROW, "prompt": "50 from 3,25,27:"}), "does not state meta's numbers and target"),
+    (json.dumps({**COUNTDOWN_ROW, "meta": {"numbers": [3, 25, 27, 1], "target": 49}}), "does not state meta's"),
+    ('{"prompt": "12+30=", "answer": "4\udcff"}', "not UTF-8 text"),
 ]
 
 
 @pytest.mark.parametrize(("bad_row", "message"), MALFORMED_ROWS, ids=lambda v: str(v)[:30])
 def test_malformed_dataset_row_is_rejected_naming_file_and_line(project, capsys, bad_row, message):
-    rows = [json.dumps(GOOD_ROW), json.dumps({**GOOD_ROW, "prompt": "12+30 ="}), bad_row]
-    (project / "bad.jsonl").write_text("\n".join(rows) + "\n")
+    rows = [json.dumps(GOOD_ROW), json.dumps(OTHER_GOOD_ROW), bad_row]
+    # surrogateescape: a lone surrogate in a case stands for a byte that is not UTF-8
+    (project / "bad.jsonl").write_bytes(("\n".join(rows) + "\n").encode("utf-8", "surrogateescape"))
     assert main(["stage", "data", "data.train_file=bad.jsonl"]) == 2
     error = capsys.readouterr().err
     assert "bad.jsonl:3:" in error and message in error
@@ -128,12 +174,19 @@ MALFORMED_PAIRS = [
     (json.dumps({**GOOD_PAIR, "rejected": GOOD_PAIR["chosen"]}), "'chosen' and 'rejected' are the same response"),
     (json.dumps({**GOOD_PAIR, "meta": {"gold_chosen": "high"}}), "'meta.gold_chosen' must be a number"),
     (json.dumps({**GOOD_PAIR, "score": 1}), "unknown key(s) score"),
+    (json.dumps({**GOOD_PAIR, "chosen": "1" * 20_000}), "'chosen' is 20000 characters, over the 16384"),
+    (json.dumps({**GOOD_PAIR, "rejected": "2" * 16_385}), "'rejected' is 16385 characters, over the 16384"),
+    (json.dumps({**GOOD_PAIR, "meta": {"gold_chosen": float("nan")}}), "'meta.gold_chosen' must be a finite number"),
+    (json.dumps({**GOOD_PAIR, "meta": {"gold_rejected": float("-inf")}}), "'meta.gold_rejected' must be a finite"),
+    ('{"prompt": "12+30=", "chosen": "\udcff"}', "not UTF-8 text"),
 ]
 
 
 @pytest.mark.parametrize(("bad_row", "message"), MALFORMED_PAIRS, ids=lambda v: str(v)[:30])
 def test_malformed_preference_row_is_rejected_before_any_sampling(project, capsys, bad_row, message):
-    (project / "bad.jsonl").write_text("\n".join([json.dumps(GOOD_PAIR), bad_row]) + "\n")
+    (project / "bad.jsonl").write_bytes(
+        ("\n".join([json.dumps(GOOD_PAIR), bad_row]) + "\n").encode("utf-8", "surrogateescape")
+    )
     assert main(["stage", "preferences", "preferences.train_file=bad.jsonl"]) == 2
     error = capsys.readouterr().err
     assert "bad.jsonl:2:" in error and message in error

@@ -12,6 +12,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tasks.common.errors import MissingUpstreamError
+from tasks.common.registry import model_kinds
+
 ARTIFACTS = Path("artifacts")
 DATA_DIR = ARTIFACTS / "data"
 PREFERENCES_DIR = ARTIFACTS / "preferences"
@@ -29,6 +32,25 @@ def stage_dir(stage: str) -> Path:
 def model_dir(model: str) -> Path:
     """The HF directory of a model, named by the stage that trains it (``sft_rs@1``) or by its path (``sft_rs/1``)."""
     return stage_dir(model)
+
+
+def upstream_model(model: str) -> Path:
+    """The HF directory of a model an earlier stage trained (``grpo``, ``sft_rs/1``); when it is not there, an error
+    naming the stage to run, instead of transformers' attempt to fetch the name from a model hub."""
+    kinds, round_kinds = model_kinds()
+    kind, _, round_name = model.replace("@", "/").partition("/")
+    if kind not in (round_kinds if round_name else kinds):
+        raise MissingUpstreamError(
+            f"no stage trains a model named {model!r} (models: {', '.join(kinds)}, or {'|'.join(round_kinds)}/ROUND)"
+        )
+    path = model_dir(model)
+    if not (path / "config.json").is_file():
+        stage = f"{kind}@{round_name}" if round_name else kind
+        raise MissingUpstreamError(
+            f"{path}: no model there yet; run `alignflow stage {stage}` first (or `alignflow repro` a pipeline "
+            "that contains it)"
+        )
+    return path
 
 
 def metrics_dir(stage: str) -> Path:

@@ -17,12 +17,18 @@ LR_SCHEDULES = ("constant", "cosine")
 DEVICES = ("auto", "cpu", "cuda")
 
 
+# Why an upper bound: past it a stage would run for hours here; a user who means it can raise the bound.
+_HOURS = "a larger value takes hours to generate, validate and train on"
+SEED_MAX = 2**32 - 1  # numpy's seeding takes 32 bits
+
+
 class ConfigError(ValueError):
     """A configuration that fails validation; the message names the offending key."""
 
 
 def param(default: Any, help: str, **checks: Any) -> Any:
-    """A documented field. ``checks``: gt, ge, le (numbers), choices, chars (allowed characters), or
+    """A documented field. ``checks``: gt, ge, le (numbers; ``why`` says what a larger value would cost), choices,
+    chars (allowed characters), or
     registered: the name of a registry in ``tasks/rl/core_algos.py`` whose keys are the choices (plus
     ``extra_choices``), so a new estimator or loss is one registered function and no edit here."""
     return field(default=default, metadata={"help": help, **checks})
@@ -75,8 +81,10 @@ class TaskConfig:
 
 @dataclass
 class DataConfig:
-    num_train: int = param(20000, "Generated training examples.", ge=1)
-    num_test: int = param(200, "Generated held-out examples (never overlapping the training split).", ge=1)
+    num_train: int = param(20000, "Generated training examples.", ge=1, le=1_000_000, why=_HOURS)
+    num_test: int = param(
+        200, "Generated held-out examples (never overlapping the training split).", ge=1, le=100_000, why=_HOURS
+    )
     train_file: str | None = param(None, "A JSONL file of your own to train on instead of generating.")
     test_file: str | None = param(None, "A JSONL file of your own to evaluate on instead of generating.")
 
@@ -237,6 +245,12 @@ class RLConfig:
     reward_clip: float | None = param(5.0, "Clip the (normalised) reward to +-this; null: no clipping.", gt=0)
     reward_ensemble: str = param("mean", "How a reward-model ensemble's scores combine.", choices=("mean", "min"))
     reward_timeout_seconds: float = param(30.0, "Time budget of one reward function on one batch.", gt=0)
+    reward_failure_warning: float = param(
+        0.5,
+        "Warn when a reward function fails (raises, times out, crashes) on more than this fraction of a batch.",
+        ge=0,
+        le=1,
+    )
     overlong_buffer: int = param(16, "The overlong reward falls from 0 to -1 over the last N tokens.", ge=1)
     dynamic_sampling: bool = param(False, "Drop groups whose rewards are all equal and refill the batch (DAPO).")
     max_sampling_rounds: int = param(3, "Dynamic sampling: at most this many rollout rounds per iteration.", ge=1)
@@ -342,7 +356,7 @@ class RunnerConfig:
 
 @dataclass
 class Params:
-    seed: int = param(0, "Seed of every random draw: data, initialisation, batches, sampling.", ge=0)
+    seed: int = param(0, "Seed of every random draw: data, initialisation, batches, sampling.", ge=0, le=SEED_MAX)
     device: str = param("auto", "Where to train: 'cpu', 'cuda', or 'auto' (cuda when available).", choices=DEVICES)
     task: TaskConfig = section(TaskConfig, "The synthetic problem family.")
     data: DataConfig = section(

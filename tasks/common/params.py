@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import subprocess
+import sys
 import typing
 from collections.abc import Iterator
 from datetime import datetime
@@ -18,7 +20,7 @@ from typing import Any
 
 import yaml
 from cronsim import CronSim, CronSimError
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tasks.common.config import ConfigError, Params, RLConfig, RoundConfig, SFTConfig
@@ -51,13 +53,17 @@ def choices(f: dataclasses.Field) -> tuple[str, ...] | None:
 def _range_errors(key: str, f: dataclasses.Field, value: Any) -> Iterator[str]:
     if value is None:
         return
+    if isinstance(value, float) and not math.isfinite(value):
+        yield f"{key}: must be a finite number, got {value}"
+        return
     checks = f.metadata
     if "gt" in checks and not value > checks["gt"]:
         yield f"{key}: must be > {checks['gt']}, got {value}"
     if "ge" in checks and not value >= checks["ge"]:
         yield f"{key}: must be >= {checks['ge']}, got {value}"
     if "le" in checks and not value <= checks["le"]:
-        yield f"{key}: must be <= {checks['le']}, got {value}"
+        why = f" ({checks['why']})" if "why" in checks else ""
+        yield f"{key}: must be <= {checks['le']}, got {value}{why}"
     allowed = choices(f)
     if allowed is not None and value not in allowed:
         yield f"{key}: must be one of {', '.join(allowed)}, got {value!r}"
@@ -151,6 +157,8 @@ def _cross_field_errors(params: Params) -> Iterator[str]:
             )
     elif not Path(base.model_path).is_dir():
         yield f"base.model_path: no model directory at {base.model_path!r}"
+    elif not (Path(base.model_path) / "config.json").is_file():
+        yield f"base.model_path: {base.model_path!r} is not a Hugging Face model directory (it has no config.json)"
     user_files = {
         "data.train_file": params.data.train_file,
         "data.test_file": params.data.test_file,
@@ -169,9 +177,48 @@ def _cross_field_errors(params: Params) -> Iterator[str]:
             yield f"runner.schedules.{pipeline}: not a cron expression: {cron!r} ({error})"
 
 
+# Imports a reward function the way the reward process will, from the project directory; run apart so that a
+# module that raises, hangs or imports half the world on import cannot take the command line down with it.
+_IMPORT_REWARD = """
+import importlib, os, sys
+sys.path.append(os.getcwd())
+module, _, function = sys.argv[1].partition(":")
+if not callable(getattr(importlib.import_module(module), function)):
+    raise TypeError(f"{sys.argv[1]} is not callable")
+"""
+_IMPORT_SECONDS = 120
+
+
+def _reward_import_errors(params: Params) -> Iterator[str]:
+    """Every reward function of your own (``module:function``) is imported once, in a subprocess, before any work."""
+    checked: dict[str, str | None] = {}
+    for section in RL_SECTIONS:
+        for name in getattr(params, section).rewards:
+            if ":" not in name:
+                continue
+            if name not in checked:
+                try:
+                    result = subprocess.run(
+                        [sys.executable, "-c", _IMPORT_REWARD, name],
+                        capture_output=True,
+                        text=True,
+                        timeout=_IMPORT_SECONDS,
+                    )
+                    lines = result.stderr.strip().splitlines()
+                    checked[name] = (
+                        (lines[-1] if lines else f"exit status {result.returncode}") if result.returncode else None
+                    )
+                except subprocess.TimeoutExpired:
+                    checked[name] = f"importing it took over {_IMPORT_SECONDS} s"
+            if checked[name] is not None:
+                yield f"{section}.rewards.{name}: cannot be imported: {checked[name]}"
+
+
 def validate(params: Params) -> Params:
     errors = [e for key, f, value in fields_with_keys(params) for e in _range_errors(key, f, value)]
     errors += _cross_field_errors(params)
+    if not errors:  # importing user code is the slow check: only once the rest holds
+        errors += _reward_import_errors(params)
     if errors:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
     return params
@@ -183,6 +230,23 @@ def _describe(error: OmegaConfBaseException) -> str:
     if "not in" in message or "Could not find" in message:
         return f"{key}: unknown key"
     return f"{key}: {message}"
+
+
+def _check_sections(layer: DictConfig, where: Any) -> None:
+    """A section given as a scalar or a list (``sft=1``) names its key, which omegaconf's merge error does not."""
+    hints = typing.get_type_hints(Params)
+    for name, hint in hints.items():
+        is_section = dataclasses.is_dataclass(hint) or typing.get_origin(hint) is dict
+        if is_section and name in layer and not isinstance(layer[name], DictConfig):
+            raise ConfigError(f"{where}: {name}: must be a section of keys, got {layer[name]!r}")
+
+
+def _merge(base: DictConfig, layer: DictConfig, where: Any) -> DictConfig:
+    """``layer`` over ``base``; an error names the layer it came from (the file, or an override)."""
+    try:
+        return OmegaConf.merge(base, layer)
+    except OmegaConfBaseException as error:
+        raise ConfigError(f"{where}: {_describe(error)}") from None
 
 
 def load_params(path: str | Path = "params.yaml", overrides: list[str] | tuple[str, ...] = ()) -> Params:
@@ -197,9 +261,16 @@ def load_params(path: str | Path = "params.yaml", overrides: list[str] | tuple[s
         from_file = OmegaConf.load(path)
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {error.start} is {error.object[error.start]:#x})") from None
+    if not isinstance(from_file, DictConfig) or not from_file:
+        what = "empty" if from_file is None or not from_file else "a list, not a mapping of sections"
+        raise ConfigError(f"{path}: {what}; it must set every stage's params by section (see the repo's params.yaml)")
     try:
         dotlist = OmegaConf.from_dotlist(list(overrides))
-        merged = OmegaConf.merge(OmegaConf.structured(Params), from_file, dotlist)
+        for layer, where in ((from_file, path), (dotlist, "override")):
+            _check_sections(layer, where)
+        merged = _merge(_merge(OmegaConf.structured(Params), from_file, path), dotlist, "override")
         for key in REPLACED_BY_THE_FILE:
             # omegaconf merges dicts key by key; a reward mix or a list of rounds written out means exactly that
             if (given := OmegaConf.select(from_file, key)) is not None:

@@ -17,8 +17,14 @@ def stage_live(stage: str) -> Iterator[Live]:
     """
     with atomic_output(metrics_dir(stage)) as directory:
         live = Live(str(directory), dvcyaml=None, save_dvc_exp=False, report=None)
-        yield live
-        live.end()
+        try:
+            yield live
+            live.end()
+        finally:
+            # dvclive opens the project's DVC repo (and its git packs) and never closes it: left to the interpreter's
+            # shutdown after a failure, dulwich's pack finalisers print a traceback each.
+            if live._dvc_repo is not None:
+                live._dvc_repo.close()
 
 
 def log_step(live: Live, step: int, metrics: dict[str, float], prefix: str = "train/") -> None:

@@ -1,10 +1,12 @@
 """Pieces every training stage shares: determinism, the optimiser and schedule, and resumable checkpoints."""
 
+import contextlib
 import hashlib
 import json
 import os
 import random
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,9 @@ import torch
 from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
 from tasks.common.artifacts import CHECKPOINTS, atomic_output
+from tasks.common.errors import NonFiniteError, cause
+
+DIVERGED = "diverged.json"  # beside a checkpoint: the run stopped on a non-finite quantity after saving it
 
 
 def make_deterministic(seed: int) -> None:
@@ -40,6 +45,23 @@ def adamw_with_cosine(
     return optimizer, get_cosine_schedule_with_warmup(optimizer, warmup_steps, total_steps)
 
 
+def guarded_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor, grad_clip: float, where: str
+) -> torch.Tensor:
+    """Backward, clip the gradient norm, and step, unless the loss or the norm is not finite: then nothing is
+    updated and NonFiniteError names ``where`` and the quantity. Returns the (pre-clip) gradient norm."""
+    optimizer.zero_grad(set_to_none=True)
+    if not torch.isfinite(loss):
+        raise NonFiniteError(f"{where}: the loss is {loss.item()}")
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    if not torch.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        raise NonFiniteError(f"{where}: the gradient norm is {grad_norm.item()}")
+    optimizer.step()
+    return grad_norm
+
+
 def epoch_batch(num_items: int, batch_size: int, step: int, seed: int) -> list[int]:
     """The item indices of batch ``step`` when items are served in a fresh seeded order every epoch.
 
@@ -61,6 +83,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
+# What a user turns down after a divergence: a run that differs from a stopped one only in these resumes from
+# the stopped run's last checkpoint (see Checkpointer.load).
+RECOVERY_KNOBS = ("lr", "actor_lr", "critic_lr", "grad_clip")
+
+
 def fingerprint(config: Any, inputs: list[Path]) -> str:
     """A digest of a stage's config and the content of its inputs: a checkpoint resumes only a matching run."""
     digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
@@ -73,26 +100,102 @@ def fingerprint(config: Any, inputs: list[Path]) -> str:
     return digest.hexdigest()[:16]
 
 
+def require_finite(tensors: Any, where: str) -> None:
+    """NonFiniteError naming ``where`` and the first tensor (by its key path) holding an inf or a nan."""
+    stack = [("", tensors)]
+    while stack:
+        key, value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((f"{key}.{name}".lstrip("."), item) for name, item in value.items())
+        elif isinstance(value, (list, tuple)):
+            stack.extend((f"{key}[{index}]", item) for index, item in enumerate(value))
+        elif torch.is_tensor(value) and value.is_floating_point() and not torch.isfinite(value).all():
+            raise NonFiniteError(f"{where}: {key} holds non-finite values")
+
+
+def restore_training_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LambdaLR,
+    state: dict[str, Any],
+) -> None:
+    """Load a checkpoint's weights, optimiser moments and schedule position, keeping the learning rate this run
+    is configured with: a run resumed after a divergence has usually lowered it. (Unchanged, it is bit-exact.)"""
+    configured = list(scheduler.base_lrs)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    scheduler.base_lrs = configured
+    for group, base, factor in zip(optimizer.param_groups, configured, scheduler.lr_lambdas, strict=True):
+        group["initial_lr"] = base
+        group["lr"] = base * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+
 class Checkpointer:
     """The latest resumable state of one stage's run, kept outside the stage's DVC outputs.
 
     DVC removes a stage's outputs before re-running it, so checkpoints live under
     ``.alignflow/checkpoints/<stage>/<fingerprint>``; a different config or input
-    gets a different fingerprint and starts fresh.
+    gets a different fingerprint and starts fresh, with one exception: a run that stopped on a non-finite
+    quantity marks its checkpoint, and a rerun that changes only ``RECOVERY_KNOBS`` resumes from it.
     """
 
-    def __init__(self, stage: str, run_fingerprint: str):
+    def __init__(self, stage: str, config: dict[str, Any], inputs: list[Path]):
+        self.stage = stage
         self.root = CHECKPOINTS / stage
-        self.path = self.root / run_fingerprint / "latest.pt"
+        self.path = self.root / fingerprint(config, inputs) / "latest.pt"
+        self.recovery_key = fingerprint({k: v for k, v in config.items() if k not in RECOVERY_KNOBS}, inputs)
+
+    def _stopped_runs(self) -> list[Path]:
+        """Checkpoints of runs that stopped on a non-finite quantity and differ from this one in knobs only."""
+        found = []
+        for marker in sorted(self.root.glob(f"*/{DIVERGED}")):
+            if json.loads(marker.read_text())["recovery_key"] == self.recovery_key:
+                found.append(marker.parent / "latest.pt")
+        return [path for path in found if path.is_file()]
 
     def load(self) -> dict[str, Any] | None:
-        if not self.path.is_file():
+        """The checkpoint this run resumes from (printing where and from which step), or None to start fresh."""
+        candidates = [self.path] if self.path.is_file() else self._stopped_runs()
+        if not candidates:
             return None
-        return torch.load(self.path, map_location="cpu", weights_only=False)
+        checkpoint = torch.load(candidates[0], map_location="cpu", weights_only=False)
+        note = "" if candidates[0] == self.path else ", kept when a run with other learning settings stopped"
+        print(
+            f"{self.stage}: resuming from the checkpoint at step {checkpoint['step']} ({candidates[0]}{note})",
+            flush=True,
+        )
+        return checkpoint
 
     def save(self, state: dict[str, Any]) -> None:
+        """Write ``state`` (which holds its ``step``) unless a tensor in it is not finite."""
+        require_finite(state, f"{self.stage} step {state['step']}, before saving its checkpoint")
         with atomic_output(self.path) as temporary:
             torch.save(state, temporary)
 
+    def keep_for_recovery(self) -> str:
+        """Mark this run's checkpoint as one a rerun with a lower learning rate may resume from; say what is kept."""
+        if self.path.is_file():
+            with atomic_output(self.path.parent / DIVERGED) as temporary:
+                temporary.write_text(json.dumps({"recovery_key": self.recovery_key}))
+            kept = self.path
+        elif not (kept := next(iter(self._stopped_runs()), None)):
+            return "no checkpoint had been saved yet"
+        step = torch.load(kept, map_location="cpu", weights_only=False)["step"]
+        return (
+            f"the checkpoint at step {step} is kept ({kept}); a rerun resumes from it, also with a lower "
+            f"{' / '.join(RECOVERY_KNOBS)}"
+        )
+
     def clear(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def stop_on_divergence(checkpointer: Checkpointer) -> Iterator[None]:
+    """Around a training loop: a NonFiniteError leaves the last checkpoint marked for recovery and says so."""
+    try:
+        yield
+    except NonFiniteError as error:
+        raise NonFiniteError(f"{cause(error)}; {checkpointer.keep_for_recovery()}") from None

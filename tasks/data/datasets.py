@@ -9,6 +9,7 @@ response format and that the worked solution passes the task's verifier) and nam
 """
 
 import json
+import math
 import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -22,6 +23,8 @@ _PAIR_FIELDS = ("prompt", "chosen", "rejected")
 _GOLD_KEYS = ("gold_chosen", "gold_rejected")
 Row = TypeVar("Row")
 _MAX_DRAWS_PER_EXAMPLE = 50
+# A row's text past this is a broken file, not a long answer: it would cost gigabytes once tokenised and padded.
+MAX_TEXT_CHARS = 16_384
 
 
 class DatasetError(ValueError):
@@ -87,17 +90,39 @@ def read_preferences(path: str | Path) -> list[PreferencePair]:
     return _read_rows(path, _parse_pair)
 
 
+def check_prompt_lengths(
+    examples: list[Example],
+    tokenizer: Any,
+    source: str | Path,
+    max_prompt_length: int,
+    positions: int,
+    new_tokens: tuple[str, int],
+) -> None:
+    """Every prompt fits ``max_prompt_length`` (sft.max_prompt_length, the bound every stage shares) and leaves the
+    model's ``positions`` room for the stage's ``new_tokens`` (key, value); DatasetError naming ``source:line``."""
+    key, count = new_tokens
+    limit, why = max_prompt_length, f"sft.max_prompt_length={max_prompt_length}"
+    if positions - count < limit:
+        limit, why = positions - count, f"the model's {positions} positions less {key}={count}"
+    lengths = [len(ids) for ids in tokenizer([e.prompt for e in examples])["input_ids"]]
+    for line, length in enumerate(lengths, start=1):
+        if length > limit:
+            raise DatasetError(f"{source}:{line}: the prompt is {length} tokens, over {why}")
+
+
 def _read_rows(path: str | Path, parse: Callable[[str], Row]) -> list[Row]:
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"{path}: no such dataset file")
     rows = []
-    with open(path) as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
+    with open(path, "rb") as handle:
+        for line_number, raw in enumerate(handle, start=1):
             try:
-                rows.append(parse(line))
+                line = raw.decode("utf-8")
+                if line.strip():
+                    rows.append(parse(line))
+            except UnicodeDecodeError as error:
+                raise DatasetError(f"{path}:{line_number}: not UTF-8 text (byte {error.start} of the line)") from None
             except ValueError as error:
                 raise DatasetError(f"{path}:{line_number}: {error}") from None
     if not rows:
@@ -131,10 +156,15 @@ def _parse_pair(line: str) -> PreferencePair:
     row = _json_object(line, _PAIR_FIELDS)
     if row["chosen"] == row["rejected"]:
         raise ValueError("'chosen' and 'rejected' are the same response")
+    for key in _PAIR_FIELDS:
+        if len(row[key]) > MAX_TEXT_CHARS:
+            raise ValueError(f"'{key}' is {len(row[key])} characters, over the {MAX_TEXT_CHARS} a row may hold")
     for key in _GOLD_KEYS:
         value = row["meta"].get(key)
         if key in row["meta"] and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise ValueError(f"'meta.{key}' must be a number")
+        if key in row["meta"] and not math.isfinite(value):
+            raise ValueError(f"'meta.{key}' must be a finite number, got {value}")
     return PreferencePair(**row)
 
 
@@ -147,10 +177,13 @@ def _parse_row(line: str) -> Example:
     parsed = parse_response(example.solution)
     if parsed is None:
         raise ValueError("'solution' is not of the form <think>…</think><answer>…</answer>")
-    try:
-        verified = PROBLEMS[example.task].is_correct(example, parsed.answer)
+    family = PROBLEMS[example.task]
+    try:  # the prompt first: a row that disagrees with itself says so before its solution is judged
+        mismatch, verified = family.mismatch(example), family.is_correct(example, parsed.answer)
     except (KeyError, TypeError) as error:
         raise ValueError(f"'meta' lacks what the {example.task} verifier needs ({error})") from None
+    if mismatch is not None:
+        raise ValueError(mismatch)
     if not verified:
         raise ValueError("'solution' does not pass the task's verifier")
     return example

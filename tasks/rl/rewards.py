@@ -19,14 +19,19 @@ package), next to the built-ins:
 - ``overlong``: DAPO's soft overlong punishment, 0 down to −1 over the last ``overlong_buffer`` tokens.
 
 Functions run in a separate process with a time budget per batch: a function that raises on a
-batch is retried response by response, and a response whose scoring raises, returns something
-other than a finite number, or a batch that runs out of time, scores 0 and is counted in the
-metrics (``errors/<name>``, ``timeouts/<name>``). A bad reward function never stops training.
+batch is retried response by response, and a response whose scoring raises or returns something
+other than a finite number (a string such as "1.0" included), a batch that runs out of time, or
+one whose process dies, scores 0 and is counted in the metrics (``errors/<name>``,
+``timeouts/<name>``, ``crashes/<name>``); when a function fails on more than
+``reward_failure_warning`` of a batch, the stage's log (and the Prefect run) says so with the
+first error. A bad reward function never stops training; a reward that is not finite, or beyond
+±1e6 after weighting, does (``tasks/rl/trainer.py``).
 """
 
 import importlib
 import math
 import multiprocessing
+import numbers
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -114,26 +119,34 @@ def resolve(name: str) -> RewardFunction:
 
 
 def _checked(values: Sequence[float], expected: int) -> list[float]:
+    values = list(values)
+    if len(values) != expected:
+        raise ValueError(f"returned {len(values)} values for {expected} responses")
+    # A number, not something float() happens to accept: "1.0" from a function is a bug to count, not a reward.
+    if not all(isinstance(v, numbers.Real) for v in values):
+        raise ValueError(f"returned a {type(next(v for v in values if not isinstance(v, numbers.Real))).__name__}")
     values = [float(v) for v in values]
-    if len(values) != expected or not all(math.isfinite(v) for v in values):
-        raise ValueError(f"expected {expected} finite floats")
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError("returned a value that is not finite")
     return values
 
 
-def _evaluate(function: RewardFunction, batch: RewardInputs) -> tuple[list[float], int]:
-    """(one reward per response, how many responses failed to score); a batch that fails is retried by row."""
+def _evaluate(function: RewardFunction, batch: RewardInputs) -> tuple[list[float], int, str | None]:
+    """(one reward per response, how many responses failed to score, the first failure); a batch that fails is
+    retried by row."""
     try:
-        return _checked(function(batch), len(batch)), 0
+        return _checked(function(batch), len(batch)), 0, None
     except Exception:
         pass
-    rewards, errors = [], 0
+    rewards, errors, first = [], 0, None
     for index in range(len(batch)):
         try:
             rewards += _checked(function(batch.row(index)), 1)
-        except Exception:
+        except Exception as error:
             rewards.append(0.0)
             errors += 1
-    return rewards, errors
+            first = first or f"{type(error).__name__}: {error}"
+    return rewards, errors, first
 
 
 def _serve(names: list[str], connection: Connection) -> None:
@@ -146,6 +159,10 @@ def _serve(names: list[str], connection: Connection) -> None:
         except EOFError:
             return
         connection.send(_evaluate(functions[name], batch))
+
+
+class RewardProcessDied(RuntimeError):
+    """The reward process exited while scoring a batch."""
 
 
 class _RewardProcess:
@@ -168,14 +185,17 @@ class _RewardProcess:
             self.kill()
             raise RuntimeError("the reward process did not start")
 
-    def score(self, name: str, batch: RewardInputs, timeout: float) -> tuple[list[float], int] | None:
-        """The function's rewards and error count, or None if it ran out of time (or its process died)."""
-        self.connection.send((name, batch))
+    def score(self, name: str, batch: RewardInputs, timeout: float) -> tuple[list[float], int, str | None] | None:
+        """The function's rewards, error count and first error, or None if it ran out of time; RewardProcessDied
+        if the process died (a crash of the function, say a segfault or os._exit, not a slow function)."""
         try:
+            self.connection.send((name, batch))
             if self.connection.poll(timeout):
                 return self.connection.recv()
         except (EOFError, OSError):
-            pass
+            raise RewardProcessDied(name) from None
+        if not self.process.is_alive():
+            raise RewardProcessDied(name)
         return None
 
     def kill(self) -> None:
@@ -186,11 +206,11 @@ class _RewardProcess:
 class RewardScorer:
     """The weighted sum of named reward functions, each evaluated out of process under a time budget."""
 
-    def __init__(self, weights: dict[str, float], timeout_seconds: float):
+    def __init__(self, weights: dict[str, float], timeout_seconds: float, warn_fraction: float = 0.5):
         self.weights = {name: weight for name, weight in weights.items() if name != REWARD_MODEL}
         for name in self.weights:
             resolve(name)  # a reward that cannot be imported is a configuration error, before any training
-        self.timeout_seconds = timeout_seconds
+        self.timeout_seconds, self.warn_fraction = timeout_seconds, warn_fraction
         self._process: _RewardProcess | None = None
 
     def score(self, batch: RewardInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, int]]:
@@ -199,12 +219,22 @@ class RewardScorer:
         for name, weight in self.weights.items():
             if self._process is None:
                 self._process = _RewardProcess(list(self.weights))
-            result = self._process.score(name, batch, self.timeout_seconds)
+            try:
+                result = self._process.score(name, batch, self.timeout_seconds)
+            except RewardProcessDied:
+                self.close()  # the next batch gets a fresh process
+                result, failures[f"crashes/{name}"] = ([0.0] * len(batch), 0, "its process died"), len(batch)
             if result is None:
                 self.close()  # a stuck function dies with its process; the next batch gets a fresh one
                 rewards, failures[f"timeouts/{name}"] = [0.0] * len(batch), len(batch)
+                first_error = f"over its {self.timeout_seconds:g} s budget"
             else:
-                rewards, failures[f"errors/{name}"] = result
+                rewards, failures[f"errors/{name}"], first_error = result
+            failed = sum(count for key, count in failures.items() if key.endswith(f"/{name}"))
+            if failed > self.warn_fraction * len(batch):
+                print(
+                    f"WARNING reward {name!r} failed on {failed} of {len(batch)} responses ({first_error})", flush=True
+                )
             per_function[name] = torch.tensor(rewards)
             total += weight * per_function[name]
         return total, per_function, failures

@@ -32,12 +32,20 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from models import load_tokenizer
+from models import context_length, load_tokenizer
 from tasks.common.artifacts import atomic_output, model_dir
-from tasks.common.config import Params, RLConfig, to_dict
+from tasks.common.config import Params, RLConfig, stage_kinds, to_dict
+from tasks.common.errors import NonFiniteError, cause
 from tasks.common.tracking import log_step, stage_live
-from tasks.common.training import Checkpointer, epoch_batch, fingerprint, make_deterministic, rng_state, set_rng_state
-from tasks.data.datasets import read_examples
+from tasks.common.training import (
+    Checkpointer,
+    epoch_batch,
+    make_deterministic,
+    rng_state,
+    set_rng_state,
+    stop_on_divergence,
+)
+from tasks.data.datasets import check_prompt_lengths, read_examples
 from tasks.data.judge import gold_utility
 from tasks.data.problems import Example, score_response
 from tasks.rl.core_algos import (
@@ -54,6 +62,8 @@ from tasks.rl.sequences import pack
 from tasks.rl.workers import Worker, place, updates_per_rollout
 from tasks.rollout.engine import Completion
 
+# Rewards beyond this are a bug in a reward function, not a signal: normalising them would overflow.
+REWARD_LIMIT = 1e6
 HACKING_WINDOW = 10  # iterations compared when looking for reward up while gold reward goes down
 
 
@@ -169,9 +179,21 @@ def score(
     if pending is not None:
         components[REWARD_MODEL] = pending.result()
         total = total + cfg.rewards[REWARD_MODEL] * components[REWARD_MODEL]
+    check_rewards(total, components)
     clock["time/generate"] += generated - started
     clock["time/score"] += time.perf_counter() - generated
     return Rollout(per_response, completions, total, components, failures)
+
+
+def check_rewards(total: torch.Tensor, components: dict[str, torch.Tensor]) -> None:
+    """Stop before an advantage sees a reward that is not finite or beyond ``REWARD_LIMIT``, naming its source."""
+    for name, values in {**components, "the weighted sum": total}.items():
+        bad = ~torch.isfinite(values) | (values.abs() > REWARD_LIMIT)
+        if bad.any():
+            row = int(bad.nonzero()[0])
+            raise NonFiniteError(
+                f"reward {name!r} is {values[row].item()} for response {row}, outside +-{REWARD_LIMIT:g}"
+            )
 
 
 def collect(
@@ -308,17 +330,28 @@ def train(params: Params, cfg: RLConfig, stage: str, init_dir: Path, train_file:
     """RL on the prompts of ``train_file`` from the policy in ``init_dir``; the policy is written to the stage's dir."""
     make_deterministic(params.seed)
     examples = read_examples(train_file)
+    section = stage_kinds()[stage.partition("@")[0]][1]
+    tokenizer = load_tokenizer(init_dir)
+    check_prompt_lengths(
+        examples,
+        tokenizer,
+        train_file,
+        params.sft.max_prompt_length,
+        context_length(init_dir),
+        (f"{section}.max_new_tokens", cfg.max_new_tokens),
+    )
     if len(examples) < cfg.rollout_batch_size:
         raise ValueError(f"{stage}: {len(examples)} training prompts, fewer than rollout_batch_size")
     wanted = needed_roles(cfg)
     if "reward" in wanted and not reward_dirs:
-        raise ValueError(f"{stage}: rewards.{REWARD_MODEL} needs a reward model (run the reward stage first)")
-    scorer = RewardScorer(cfg.rewards, cfg.reward_timeout_seconds)
-    tokenizer = load_tokenizer(init_dir)
+        raise ValueError(
+            f"{stage}: rewards.{REWARD_MODEL} needs a reward model (run `alignflow stage reward_model` first)"
+        )
+    scorer = RewardScorer(cfg.rewards, cfg.reward_timeout_seconds, cfg.reward_failure_warning)
     roles = place(params, cfg, init_dir, reward_dirs, wanted)
 
     config = {"stage": stage, "seed": params.seed, "device": params.device, **to_dict(cfg)}
-    checkpointer = Checkpointer(stage, fingerprint(config, [init_dir, train_file, *reward_dirs]))
+    checkpointer = Checkpointer(stage, config, [init_dir, train_file, *reward_dirs])
     state = LoopState(kl_coef=cfg.kl_coef)
     if (checkpoint := checkpointer.load()) is not None:
         for role in ("actor", "critic"):
@@ -328,10 +361,9 @@ def train(params: Params, cfg: RLConfig, stage: str, init_dir: Path, train_file:
             roles["reference"].call("load_weights", checkpoint["reference"]).result()
         set_rng_state(checkpoint["rng"])
         state = LoopState(**{**checkpoint["state"], "moments": RunningMoments(**checkpoint["state"]["moments"])})
-        print(f"{stage}: resuming from the checkpoint at step {state.step} ({checkpointer.path})", flush=True)
     reference_reset = checkpoint["reference"] if checkpoint is not None else None
 
-    with scorer, atomic_output(model_dir(stage)) as out, stage_live(stage) as live:
+    with scorer, atomic_output(model_dir(stage)) as out, stage_live(stage) as live, stop_on_divergence(checkpointer):
         for logged_step, metrics in state.history:
             log_step(live, logged_step, metrics)
         progress = tqdm(range(state.step, cfg.steps), desc=stage, initial=state.step, total=cfg.steps)
@@ -339,9 +371,12 @@ def train(params: Params, cfg: RLConfig, stage: str, init_dir: Path, train_file:
         for step in progress:
             started = time.perf_counter()
             clock = dict.fromkeys(("time/generate", "time/score", "time/train"), 0.0)
-            rollout, metrics = collect(roles, scorer, examples, cfg, state, params.seed, clock)
-            if rollout is not None:
-                metrics |= rollout_metrics(rollout) | learn(roles, rollout, tokenizer, cfg, state, clock)
+            try:
+                rollout, metrics = collect(roles, scorer, examples, cfg, state, params.seed, clock)
+                if rollout is not None:
+                    metrics |= rollout_metrics(rollout) | learn(roles, rollout, tokenizer, cfg, state, clock)
+            except NonFiniteError as error:  # raised by a role (maybe on a Ray actor) that does not know the step
+                raise NonFiniteError(f"{stage} step {step + 1}: {cause(error)}") from None
             if cfg.kl_target is not None and "kl" in metrics:
                 state.kl_coef = adaptive_kl_coef(
                     state.kl_coef, metrics["kl"], cfg.kl_target, cfg.kl_horizon, len(rollout.scores)
@@ -389,4 +424,5 @@ def _checkpoint(roles: dict[str, Worker], state: LoopState, reference: dict | No
         "reference": reference,
         "rng": rng_state(),
         "state": asdict(state),
+        "step": state.step,
     }

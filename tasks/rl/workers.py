@@ -21,7 +21,15 @@ from transformers import PreTrainedModel
 
 from models import load_critic, load_policy, load_reference, load_reward_model, load_tokenizer, resolve_device
 from tasks.common.config import Params, RLConfig, StageResources
-from tasks.common.training import adamw_with_cosine, make_deterministic, rng_state, set_rng_state
+from tasks.common.training import (
+    adamw_with_cosine,
+    guarded_step,
+    make_deterministic,
+    require_finite,
+    restore_training_state,
+    rng_state,
+    set_rng_state,
+)
 from tasks.rl.core_algos import (
     KL_ESTIMATORS,
     POLICY_LOSSES,
@@ -79,9 +87,7 @@ class _TrainedRole:
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        restore_training_state(self.model, self.optimizer, self.scheduler, state)
         set_rng_state(state["rng"])
 
 
@@ -150,10 +156,7 @@ class ActorWorker(_TrainedRole):
             loss = policy_loss - cfg.entropy_coef * entropy
             if kl_estimator is not None:
                 loss = loss + kl_coef * masked_mean(kl_estimator(logprobs, ref_logprobs[rows].to(device)), mask)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-            self.optimizer.step()
+            grad_norm = guarded_step(self.model, self.optimizer, loss, cfg.grad_clip, "the actor's update")
             with torch.no_grad():
                 # k3 estimate of KL(π_old ‖ π_θ) on the sampled tokens: how far this update moved the policy
                 log_ratio = torch.where(mask.bool(), old - logprobs, 0)
@@ -172,6 +175,7 @@ class ActorWorker(_TrainedRole):
         self.engine.sync_weights(self.model)
 
     def save(self, out: Path, tokenizer_dir: Path) -> None:
+        require_finite(self.model.state_dict(), "the policy, before saving it")
         self.model.save_pretrained(out)
         load_tokenizer(tokenizer_dir).save_pretrained(out)
 
@@ -204,10 +208,7 @@ class CriticWorker(_TrainedRole):
                 part.response_mask,
                 cfg.value_clip,
             )
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-            self.optimizer.step()
+            guarded_step(self.model, self.optimizer, loss, cfg.grad_clip, "the critic's update")
             total += loss.item() / len(minibatches)
         self.scheduler.step()
         return {"value_loss": total}

@@ -8,12 +8,12 @@ import json
 
 import torch
 
-from models import load_policy, load_tokenizer, resolve_device
-from tasks.common.artifacts import DATA_DIR, atomic_output, model_dir, stage_dir
+from models import context_length, load_policy, load_tokenizer, resolve_device
+from tasks.common.artifacts import DATA_DIR, atomic_output, stage_dir, upstream_model
 from tasks.common.config import EvalConfig, Params
 from tasks.common.tracking import stage_live
 from tasks.common.training import make_deterministic
-from tasks.data.datasets import read_examples
+from tasks.data.datasets import check_prompt_lengths, read_examples
 from tasks.data.judge import gold_utility
 from tasks.data.problems import Example, score_response
 from tasks.rl.core_algos import pass_at_k
@@ -54,9 +54,15 @@ def evaluate(engine: RolloutEngine, examples: list[Example], cfg: EvalConfig) ->
 
 def run(params: Params, target: str) -> None:
     make_deterministic(params.seed)
-    tokenizer = load_tokenizer(model_dir(target))
-    engine = HFEngine(load_policy(model_dir(target), resolve_device(params.device)), tokenizer, params.eval.batch_size)
-    metrics, rows = evaluate(engine, read_examples(DATA_DIR / "test.jsonl"), params.eval)
+    model = upstream_model(target)
+    tokenizer, test_file = load_tokenizer(model), DATA_DIR / "test.jsonl"
+    examples = read_examples(test_file)
+    new_tokens = ("eval.max_new_tokens", params.eval.max_new_tokens)
+    check_prompt_lengths(
+        examples, tokenizer, test_file, params.sft.max_prompt_length, context_length(model), new_tokens
+    )
+    engine = HFEngine(load_policy(model, resolve_device(params.device)), tokenizer, params.eval.batch_size)
+    metrics, rows = evaluate(engine, examples, params.eval)
     stage = f"eval@{target}"
     with atomic_output(stage_dir(stage)) as out, stage_live(stage) as live:
         out.mkdir()

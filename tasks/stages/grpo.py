@@ -6,19 +6,19 @@
   rewards: the rule-based ones and the RLHF reward model (``params.grpo_final``).
 """
 
-from tasks.common.artifacts import DATA_DIR, member_dirs, model_dir
+from tasks.common.artifacts import DATA_DIR, member_dirs, upstream_model
 from tasks.common.config import Params
 from tasks.rl import trainer as rl
 
 
 def run(params: Params) -> None:
-    rl.train(params, params.grpo, "grpo", model_dir("sft_cold"), DATA_DIR / "train.jsonl", [])
+    rl.train(params, params.grpo, "grpo", upstream_model("sft_cold"), DATA_DIR / "train.jsonl", [])
 
 
 def run_zero(params: Params) -> None:
-    rl.train(params, params.grpo, "grpo_zero", model_dir("base"), DATA_DIR / "train.jsonl", [])
+    rl.train(params, params.grpo, "grpo_zero", upstream_model("base"), DATA_DIR / "train.jsonl", [])
 
 
 def run_final(params: Params, round_name: str) -> None:
-    init = model_dir(f"sft_rs@{round_name}")
+    init = upstream_model(f"sft_rs@{round_name}")
     rl.train(params, params.grpo_final, f"grpo_final@{round_name}", init, DATA_DIR / "train.jsonl", member_dirs())

@@ -5,10 +5,10 @@ the per-token KL penalty in the reward with the adaptive controller, the clipped
 surrogate, and the reward model (``rewards: {reward_model: 1.0}``) as the reward.
 """
 
-from tasks.common.artifacts import DATA_DIR, member_dirs, model_dir
+from tasks.common.artifacts import DATA_DIR, member_dirs, upstream_model
 from tasks.common.config import Params
 from tasks.rl import trainer as rl
 
 
 def run(params: Params) -> None:
-    rl.train(params, params.ppo, "ppo", model_dir("sft"), DATA_DIR / "train.jsonl", member_dirs())
+    rl.train(params, params.ppo, "ppo", upstream_model("sft"), DATA_DIR / "train.jsonl", member_dirs())

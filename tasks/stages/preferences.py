@@ -11,12 +11,12 @@ a reward model can be scored against the noise-free order. Files of your own
 import itertools
 import random
 
-from models import load_policy, load_tokenizer, resolve_device
-from tasks.common.artifacts import DATA_DIR, PREFERENCES_DIR, atomic_output, model_dir
+from models import context_length, load_policy, load_tokenizer, resolve_device
+from tasks.common.artifacts import DATA_DIR, PREFERENCES_DIR, atomic_output, upstream_model
 from tasks.common.config import Params, PreferencesConfig
 from tasks.common.tracking import stage_live
 from tasks.common.training import make_deterministic
-from tasks.data.datasets import PreferencePair, read_examples, read_preferences, write_jsonl
+from tasks.data.datasets import PreferencePair, check_prompt_lengths, read_examples, read_preferences, write_jsonl
 from tasks.data.judge import gold_utility, prefers_first
 from tasks.data.problems import Example
 from tasks.rollout.engine import RolloutEngine, Sampling
@@ -66,8 +66,15 @@ def run(params: Params) -> None:
     to_sample = [split for split in ("train", "test") if split not in supplied]
     splits = dict(supplied)
     if to_sample:
-        policy = load_policy(model_dir("sft"), resolve_device(params.device))
-        engine = HFEngine(policy, load_tokenizer(model_dir("sft")), params.eval.batch_size)
+        sft = upstream_model("sft")
+        tokenizer = load_tokenizer(sft)
+        for split in to_sample:
+            new_tokens = ("preferences.max_new_tokens", cfg.max_new_tokens)
+            source = DATA_DIR / f"{split}.jsonl"
+            check_prompt_lengths(
+                prompts[split], tokenizer, source, params.sft.max_prompt_length, context_length(sft), new_tokens
+            )
+        engine = HFEngine(load_policy(sft, resolve_device(params.device)), tokenizer, params.eval.batch_size)
         for split in to_sample:
             splits[split] = judged_pairs(engine, prompts[split], cfg, rng)
 

@@ -13,12 +13,12 @@ from collections import defaultdict
 
 import torch
 
-from models import load_policy, load_tokenizer, resolve_device
-from tasks.common.artifacts import DATA_DIR, atomic_output, member_dirs, model_dir, stage_dir
+from models import context_length, load_policy, load_tokenizer, resolve_device
+from tasks.common.artifacts import DATA_DIR, atomic_output, member_dirs, stage_dir, upstream_model
 from tasks.common.config import Params, RejectionConfig
 from tasks.common.tracking import stage_live
 from tasks.common.training import make_deterministic
-from tasks.data.datasets import read_examples, write_jsonl
+from tasks.data.datasets import check_prompt_lengths, read_examples, write_jsonl
 from tasks.data.problems import PROBLEMS, Example, score_response
 from tasks.rl.sequences import score_texts
 from tasks.rollout.engine import Sampling
@@ -58,12 +58,18 @@ def run(params: Params, round_name: str) -> None:
     cfg = params.rejection
     if round_name not in params.rounds:
         raise ValueError(f"rejection@{round_name}: no round {round_name!r} in rounds ({', '.join(params.rounds)})")
-    policy = model_dir(params.rounds[round_name].policy)
+    policy = upstream_model(params.rounds[round_name].policy)
     make_deterministic(params.seed)
     examples = read_examples(DATA_DIR / "train.jsonl")
     prompts, others = examples[: cfg.num_prompts], examples[cfg.num_prompts :]
+    tokenizer = load_tokenizer(policy)
+    new_tokens = ("rejection.max_new_tokens", cfg.max_new_tokens)
+    train_file = DATA_DIR / "train.jsonl"
+    check_prompt_lengths(
+        prompts, tokenizer, train_file, params.sft.max_prompt_length, context_length(policy), new_tokens
+    )
     model = load_policy(policy, resolve_device(params.device))
-    engine = HFEngine(model, load_tokenizer(policy), params.eval.batch_size)
+    engine = HFEngine(model, tokenizer, params.eval.batch_size)
     sampling = Sampling(cfg.max_new_tokens, n=cfg.samples_per_prompt, temperature=cfg.temperature)
     completions = engine.generate([e.prompt for e in prompts], sampling)
     rank = None if all(has_verifier(e) for e in prompts) else _reward_model_ranker(params)

@@ -18,10 +18,10 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from models import load_reward_model, load_tokenizer, resolve_device
-from tasks.common.artifacts import PREFERENCES_DIR, REWARD_MODEL_DIR, atomic_output, model_dir
+from tasks.common.artifacts import PREFERENCES_DIR, REWARD_MODEL_DIR, atomic_output, upstream_model
 from tasks.common.config import Params, RewardModelConfig
 from tasks.common.tracking import stage_live
-from tasks.common.training import adamw_with_cosine, epoch_batch, make_deterministic
+from tasks.common.training import adamw_with_cosine, epoch_batch, guarded_step, make_deterministic
 from tasks.data.datasets import PreferencePair, read_preferences
 from tasks.rl.core_algos import bradley_terry_loss
 from tasks.rl.sequences import pack_text
@@ -41,7 +41,7 @@ def train_member(
 ) -> PreTrainedModel:
     """Train one reward model from the SFT backbone with ``seed``, save it to ``out``; metrics under out's name."""
     make_deterministic(seed)
-    sft = model_dir("sft")
+    sft = upstream_model("sft")
     tokenizer = load_tokenizer(sft)
     model = load_reward_model(sft, resolve_device(params.device), trainable=True)
     model.config.pad_token_id = tokenizer.pad_token_id  # the score is read at the last non-pad token
@@ -52,10 +52,7 @@ def train_member(
         batch = [pairs[i] for i in epoch_batch(len(pairs), cfg.batch_size, step, seed)]
         chosen, rejected = _pair_scores(model, tokenizer, batch)
         loss = bradley_terry_loss(chosen, rejected)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
+        guarded_step(model, optimizer, loss, cfg.grad_clip, f"reward_model {out.name} step {step + 1}")
         scheduler.step()
         if (step + 1) % cfg.log_every == 0 or step + 1 == total_steps:
             live.step = step + 1

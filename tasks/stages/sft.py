@@ -15,17 +15,20 @@ import torch
 from tqdm.auto import tqdm
 
 from models import load_policy, load_tokenizer, resolve_device
-from tasks.common.artifacts import DATA_DIR, atomic_output, model_dir, stage_dir
+from tasks.common.artifacts import DATA_DIR, atomic_output, model_dir, stage_dir, upstream_model
 from tasks.common.config import Params, SFTConfig, to_dict
 from tasks.common.tracking import log_step, stage_live
 from tasks.common.training import (
     Checkpointer,
     adamw_with_cosine,
     epoch_batch,
-    fingerprint,
+    guarded_step,
     make_deterministic,
+    require_finite,
+    restore_training_state,
     rng_state,
     set_rng_state,
+    stop_on_divergence,
 )
 from tasks.data.datasets import DatasetError, read_examples
 from tasks.data.problems import Example
@@ -79,57 +82,51 @@ def train(params: Params, cfg: SFTConfig, stage: str, init_dir: Path, train_file
     model.train()
     optimizer, scheduler = adamw_with_cosine(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, cfg.max_steps)
 
-    checkpointer = Checkpointer(
-        stage, fingerprint({"stage": stage, "seed": params.seed, **to_dict(cfg)}, [init_dir, train_file])
-    )
+    checkpointer = Checkpointer(stage, {"stage": stage, "seed": params.seed, **to_dict(cfg)}, [init_dir, train_file])
     start_step, history, interval = 0, [], {"loss_sum": 0.0, "steps": 0}
     if (checkpoint := checkpointer.load()) is not None:
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        scheduler.load_state_dict(checkpoint["scheduler"])
+        restore_training_state(model, optimizer, scheduler, checkpoint)
         set_rng_state(checkpoint["rng"])
         start_step, history, interval = checkpoint["step"], checkpoint["history"], checkpoint["interval"]
-        print(f"{stage}: resuming from the checkpoint at step {start_step} ({checkpointer.path})", flush=True)
 
     with atomic_output(model_dir(stage)) as out, stage_live(stage) as live:
         for logged_step, metrics in history:
             log_step(live, logged_step, metrics)
         progress = tqdm(range(start_step, cfg.max_steps), desc=stage, initial=start_step, total=cfg.max_steps)
-        for step in progress:
-            batch = {name: tensor.to(device) for name, tensor in batches[step].items()}
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            loss = sft_loss(logits, batch["input_ids"], batch["loss_mask"])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            interval["loss_sum"] += loss.item()
-            interval["steps"] += 1
+        with stop_on_divergence(checkpointer):
+            for step in progress:
+                batch = {name: tensor.to(device) for name, tensor in batches[step].items()}
+                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+                loss = sft_loss(logits, batch["input_ids"], batch["loss_mask"])
+                grad_norm = guarded_step(model, optimizer, loss, cfg.grad_clip, f"{stage} step {step + 1}")
+                scheduler.step()
+                interval["loss_sum"] += loss.item()
+                interval["steps"] += 1
 
-            done = step + 1
-            if done % cfg.log_every == 0 or done == cfg.max_steps:
-                metrics = {
-                    "loss": round(interval["loss_sum"] / interval["steps"], 6),
-                    "grad_norm": round(grad_norm.item(), 6),
-                    "lr": scheduler.get_last_lr()[0],
-                }
-                history.append((done, metrics))
-                log_step(live, done, metrics)
-                progress.set_postfix(loss=metrics["loss"])
-                interval = {"loss_sum": 0.0, "steps": 0}
-            if done % cfg.save_every == 0 and done < cfg.max_steps:
-                checkpointer.save(
-                    {
-                        "model": model.state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict(),
-                        "rng": rng_state(),
-                        "step": done,
-                        "history": history,
-                        "interval": interval,
+                done = step + 1
+                if done % cfg.log_every == 0 or done == cfg.max_steps:
+                    metrics = {
+                        "loss": round(interval["loss_sum"] / interval["steps"], 6),
+                        "grad_norm": round(grad_norm.item(), 6),
+                        "lr": scheduler.get_last_lr()[0],
                     }
-                )
+                    history.append((done, metrics))
+                    log_step(live, done, metrics)
+                    progress.set_postfix(loss=metrics["loss"])
+                    interval = {"loss_sum": 0.0, "steps": 0}
+                if done % cfg.save_every == 0 and done < cfg.max_steps:
+                    checkpointer.save(
+                        {
+                            "model": model.state_dict(),
+                            "optimizer": optimizer.state_dict(),
+                            "scheduler": scheduler.state_dict(),
+                            "rng": rng_state(),
+                            "step": done,
+                            "history": history,
+                            "interval": interval,
+                        }
+                    )
+            require_finite(model.state_dict(), f"{stage} after step {cfg.max_steps}, before saving the model")
         live.make_summary()
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
@@ -137,13 +134,13 @@ def train(params: Params, cfg: SFTConfig, stage: str, init_dir: Path, train_file
 
 
 def run(params: Params) -> None:
-    train(params, params.sft, "sft", model_dir(params.sft.init), DATA_DIR / "train.jsonl")
+    train(params, params.sft, "sft", upstream_model(params.sft.init), DATA_DIR / "train.jsonl")
 
 
 def run_cold_start(params: Params) -> None:
-    train(params, params.sft_cold, "sft_cold", model_dir(params.sft_cold.init), DATA_DIR / "train.jsonl")
+    train(params, params.sft_cold, "sft_cold", upstream_model(params.sft_cold.init), DATA_DIR / "train.jsonl")
 
 
 def run_round(params: Params, round_name: str) -> None:
     train_file = stage_dir(f"rejection@{round_name}") / "train.jsonl"
-    train(params, params.sft_rs, f"sft_rs@{round_name}", model_dir(params.sft_rs.init), train_file)
+    train(params, params.sft_rs, f"sft_rs@{round_name}", upstream_model(params.sft_rs.init), train_file)

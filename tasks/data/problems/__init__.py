@@ -1,8 +1,9 @@
 """Seeded synthetic reasoning problems with programmatic verifiers.
 
 Each problem family is a module exposing ``generate(rng, cfg) -> Example``,
-``is_correct(example, answer_text) -> bool`` (its verifier) and ``difficulty(example) -> str``
-(a label statistics are grouped by); ``PROBLEMS`` maps the family name used in params
+``is_correct(example, answer_text) -> bool`` (its verifier), ``difficulty(example) -> str``
+(a label statistics are grouped by) and ``mismatch(example) -> str | None`` (why a row's prompt
+disagrees with its answer or meta, checked on every row read); ``PROBLEMS`` maps the family name used in params
 (``task.name``) to that module.
 """
 

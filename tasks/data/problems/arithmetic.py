@@ -72,3 +72,18 @@ def difficulty(example: Example) -> str:
 
 def is_correct(example: Example, answer_text: str) -> bool:
     return _INTEGER.fullmatch(answer_text) is not None and int(answer_text) == int(example.answer)
+
+
+_PROMPT = re.compile(r"(\d+)([-+*])(\d+)=")
+
+
+def mismatch(example: Example) -> str | None:
+    """Why a row's prompt and answer disagree (a dataset of your own may carry a wrong answer), or None."""
+    match = _PROMPT.fullmatch(example.prompt)
+    if match is None:
+        return f"'prompt' {example.prompt!r} is not of the form A+B=, A-B= or A*B="
+    a, op, b = int(match[1]), match[2], int(match[3])
+    expected = {"+": a + b, "-": a - b, "*": a * b}[op]
+    if example.answer != str(expected):
+        return f"'answer' {example.answer!r} is not what the prompt {example.prompt!r} gives ({expected})"
+    return None

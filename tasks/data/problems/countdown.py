@@ -112,7 +112,7 @@ def generate(rng: random.Random, cfg) -> Example:
         steps.append(f"{value}{op}{number}={result}")
         value, expression, last_op = result, f"{expression}{op}{number}", op
     shown = sorted(numbers)
-    prompt = f"{value} from {','.join(map(str, shown))}:"
+    prompt = prompt_of(shown, value)
     return Example(
         "countdown", prompt, expression, format_solution(steps, expression), {"numbers": shown, "target": value}
     )
@@ -128,3 +128,15 @@ def is_correct(example: Example, answer_text: str) -> bool:
     except ValueError:
         return False
     return value == example.meta["target"] and sorted(used) == sorted(example.meta["numbers"])
+
+
+def prompt_of(numbers: list[int], target: int) -> str:
+    return f"{target} from {','.join(map(str, sorted(numbers)))}:"
+
+
+def mismatch(example: Example) -> str | None:
+    """Why a row's prompt disagrees with its ``meta`` (the numbers and target the verifier checks), or None."""
+    expected = prompt_of(example.meta["numbers"], example.meta["target"])
+    if example.prompt != expected:
+        return f"'prompt' {example.prompt!r} does not state meta's numbers and target ({expected!r})"
+    return None
