@@ -16,8 +16,9 @@ PIPELINES: dict[str, Pipeline] = {
     ),
     "rlhf": Pipeline(
         "RLHF (InstructGPT): data -> base -> sft -> preference pairs judged -> Bradley-Terry reward model "
-        "-> PPO, with held-out evaluation of base, sft and ppo.",
-        ("eval@base", "eval@sft", "eval@ppo"),
+        "(checked by best-of-n) -> PPO from a small-demonstration SFT (sft_cold), beside the same PPO rewarded by "
+        "the exact verifier (ppo_verifier), with held-out evaluation of every model.",
+        ("eval@base", "eval@sft", "eval@sft_cold", "best_of_n", "eval@ppo", "eval@ppo_verifier"),
     ),
     "r1": Pipeline(
         "DeepSeek-R1: data -> base -> cold-start SFT -> GRPO with verifiable rewards -> per round (params "

@@ -4,6 +4,7 @@
 but does not list could change without DVC noticing, and the artifact would stay "up to date".
 """
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -67,7 +68,8 @@ def test_the_registry_reads_and_writes_what_dvc_yaml_declares(dvc_stages):
         name = _stage_name(stage)
         kind, target = parse_stage_name(name)
         section = getattr(params, stage_kinds()[kind.name][1])
-        values = {"init": getattr(section, "init", None), "model": target, "round": target}
+        values = {**{f.name: getattr(section, f.name) for f in dataclasses.fields(section)}, "model": target}
+        values["round"] = target
         if kind.target == "round":
             values["round.policy"] = params.rounds[target].policy
         reads = {re.sub(r"\$\{([\w.]+)\}", lambda m, known=values: known[m.group(1)], read) for read in kind.reads}

@@ -11,6 +11,7 @@ from models import load_tokenizer
 from tasks.common.artifacts import DATA_DIR, member_dirs, model_dir
 from tasks.common.params import load_params
 from tasks.data.datasets import read_examples, read_preferences
+from tasks.data.judge import gold_utility
 from tasks.rl.rewards import RewardScorer
 from tasks.rl.sequences import score_texts
 from tasks.rl.trainer import LoopState, Rollout, learn, needed_roles, score
@@ -19,7 +20,10 @@ from tests.conftest import ENV, make_project, repro, resume_after_kill, stages_r
 
 pytestmark = pytest.mark.slow
 
-RLHF_STAGES = {"data", "base", "sft", "preferences", "reward_model", "ppo", "eval@base", "eval@sft", "eval@ppo"}
+RLHF_STAGES = {
+    *("data", "base", "sft", "sft_cold", "preferences", "reward_backbone", "reward_model", "best_of_n"),
+    *("ppo", "ppo_verifier", "eval@base", "eval@sft", "eval@sft_cold", "eval@ppo", "eval@ppo_verifier"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +42,8 @@ def test_rlhf_pipeline_runs_every_stage_and_reports_reward_accuracy_and_gold_rew
     path = rlhf["path"]
     assert stages_run(rlhf["output"]) == RLHF_STAGES
     report = _report(path)
-    assert list(report) == ["data", "base", "sft", "preferences", "reward_model", "ppo"]
+    order = ["data", "base", "sft", "sft_cold", "preferences", "reward_backbone", "reward_model", "best_of_n"]
+    assert list(report)[: len(order)] == order and set(report) == {*order, "ppo", "ppo_verifier"}
     # The reported accuracy is the fraction of held-out pairs the reward model orders as the judge does.
     model_path = member_dirs(path / "artifacts/reward_model")[0]
     reward_model = AutoModelForSequenceClassification.from_pretrained(model_path)
@@ -56,7 +61,18 @@ def test_rlhf_pipeline_runs_every_stage_and_reports_reward_accuracy_and_gold_rew
     ).view(2, -1)
     agrees = [bool(c > r) == pair.gold_prefers_chosen for pair, c, r in zip(judged, *scores, strict=True)]
     assert report["reward_model"]["accuracy"] == pytest.approx(sum(agrees) / len(agrees), abs=1e-5)
-    assert all("gold_reward" in report[model] for model in ("base", "sft", "ppo"))
+    assert "label_accuracy" in report["reward_model"]
+    assert all("gold_reward" in report[model] for model in ("base", "sft", "sft_cold", "ppo", "ppo_verifier"))
+    assert all("pass@1" in report[model] for model in ("sft_cold", "ppo"))
+    # Best-of-n keeps, per held-out prompt, the sample the reward model scores highest: between a random pick
+    # and the judge's own pick.
+    best_of_n = report["best_of_n"]
+    examples = {e.prompt: e for e in read_examples(path / "artifacts/data/test.jsonl")}
+    kept = [json.loads(line) for line in (path / "artifacts/best_of_n/kept.jsonl").read_text().splitlines()]
+    assert [row["prompt"] for row in kept] == list(examples)
+    assert all(row["gold"] == pytest.approx(gold_utility(examples[row["prompt"]], row["response"])) for row in kept)
+    assert best_of_n["gold_reward@bon2"] == pytest.approx(sum(row["gold"] for row in kept) / len(kept), abs=1e-5)
+    assert best_of_n["gold_reward@oracle2"] >= best_of_n["gold_reward@bon2"]
     ppo = report["ppo"]
     for name in ("kl", "kl_budget", "train/clip_fraction", "train/explained_variance", "time/generate", "time/score"):
         assert name in ppo
@@ -74,11 +90,11 @@ def _frozen_and_moved(path, overrides: list[str], monkeypatch) -> None:
     monkeypatch.chdir(path)
     params = load_params("params.yaml", overrides)
     cfg = params.ppo
-    roles = place(params, cfg, model_dir("sft"), member_dirs(), needed_roles(cfg))
+    roles = place(params, cfg, model_dir(cfg.init), member_dirs(), needed_roles(cfg))
     reference = roles["reference"].call("weights").result()
     reward = roles["reward"].call("weights").result()
     actor = {name: t.clone() for name, t in roles["actor"].call("state").result()["model"].items()}
-    examples, tokenizer = read_examples(DATA_DIR / "train.jsonl")[:16], load_tokenizer(model_dir("sft"))
+    examples, tokenizer = read_examples(DATA_DIR / "train.jsonl")[:16], load_tokenizer(model_dir(cfg.init))
     state, clock = LoopState(kl_coef=cfg.kl_coef), dict.fromkeys(("time/generate", "time/score", "time/train"), 0.0)
     with RewardScorer(cfg.rewards, cfg.reward_timeout_seconds) as scorer:
         for _ in range(3):  # the first update runs at the warm-up's zero learning rate

@@ -49,6 +49,15 @@ MALFORMED_CONFIGS = [
     (["sft.init=nosuch"], "sft.init: not a model trained before sft"),
     (["sft_cold.init=sft_cold"], "sft_cold.init: not a model trained before sft_cold"),
     (["grpo_final.init=sft"], "override: grpo_final.init: unknown key"),
+    (["reward_model.backbone=ppo"], "reward_model.backbone: not a model trained before reward_model"),
+    (["reward_model.backbone=grpo_final/1"], "reward_model.backbone: not a model trained before reward_model"),
+    (["reward_backbone.num_heads=5"], "reward_backbone.num_heads: must divide reward_backbone.hidden_size (192)"),
+    (["reward_backbone.max_position_embeddings=64"], "reward_backbone.max_position_embeddings: must be >= 96"),
+    (["ppo.init=nosuch"], "ppo.init: not a model trained before ppo"),
+    (["ppo.init=ppo_verifier"], "ppo.init: not a model trained before ppo_verifier"),
+    (["preferences.policy=ppo"], "preferences.policy: not a model trained before preferences"),
+    (["best_of_n.policy=eval"], "best_of_n.policy: not a model trained before best_of_n"),
+    (["ppo.verifier_rewards={reward_model: 1.0}"], "ppo.verifier_rewards.reward_model: not a reward"),
 ]
 
 

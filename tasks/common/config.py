@@ -90,10 +90,9 @@ class DataConfig:
 
 
 @dataclass
-class BaseConfig:
-    model_path: str | None = param(
-        None, "A Hugging Face model directory to start from; null builds the tiny built-in model."
-    )
+class ModelSizeConfig:
+    """The size of a tiny built-in Llama (the base model's, or the reward backbone's)."""
+
     hidden_size: int = param(96, "Tiny model: width of the residual stream.", ge=8)
     num_layers: int = param(3, "Tiny model: transformer blocks.", ge=1)
     num_heads: int = param(4, "Tiny model: attention heads (must divide hidden_size).", ge=1)
@@ -102,7 +101,16 @@ class BaseConfig:
 
 
 @dataclass
-class SFTConfig:
+class BaseConfig(ModelSizeConfig):
+    model_path: str | None = param(
+        None, "A Hugging Face model directory to start from; null builds the tiny built-in model."
+    )
+
+
+@dataclass
+class SFTTrainingConfig:
+    """How a model is fine-tuned on worked solutions (every SFT stage, and the reward backbone)."""
+
     lr: float = param(2e-3, "Peak AdamW learning rate.", gt=0)
     weight_decay: float = param(0.01, "AdamW decoupled weight decay.", ge=0)
     warmup_steps: int = param(50, "Linear warm-up steps before cosine decay.", ge=0)
@@ -113,8 +121,25 @@ class SFTConfig:
     grad_clip: float = param(1.0, "Clip the global gradient norm to this value.", gt=0)
     save_every: int = param(100, "Write a resumable checkpoint every N steps.", ge=1)
     log_every: int = param(20, "Log training metrics every N steps.", ge=1)
-    init: str = param("base", "The model to start from: base, or a stage that trains one (sft_cold, grpo, ...).")
     num_examples: int | None = param(None, "Train on the first N examples only; null: all of them.", ge=1)
+
+
+@dataclass
+class SFTConfig(SFTTrainingConfig):
+    init: str = param("base", "The model to start from: base, or a stage that trains one (sft_cold, grpo, ...).")
+
+
+@dataclass
+class RewardBackboneConfig(SFTTrainingConfig, ModelSizeConfig):
+    """A backbone of its own for the reward model (``reward_model.backbone: reward_backbone``): a tiny Llama of
+    this size, built from the seed and fine-tuned on the task's worked solutions, as sft is. A reward model
+    may be larger than the policy it judges (InstructGPT's one 6B reward model served policies of several
+    sizes); checking an answer is at least as hard as producing it."""
+
+    hidden_size: int = param(192, "Tiny model: width of the residual stream.", ge=8)
+    num_layers: int = param(6, "Tiny model: transformer blocks.", ge=1)
+    num_heads: int = param(6, "Tiny model: attention heads (must divide hidden_size).", ge=1)
+    intermediate_size: int = param(768, "Tiny model: width of the MLP.", ge=8)
 
 
 def _cold_start_defaults() -> SFTConfig:
@@ -154,6 +179,11 @@ class JudgeConfig:
 
 @dataclass
 class PreferencesConfig:
+    policy: str = param(
+        "sft_cold",
+        "The model whose responses are sampled and judged: PPO's start (ppo.init), so the reward model learns to "
+        "rank the responses PPO will produce first, as InstructGPT's comparisons came from its SFT policy.",
+    )
     num_prompts: int = param(4000, "Training prompts to sample responses for (from the training split).", ge=1)
     samples_per_prompt: int = param(4, "Responses sampled per prompt (K); every pair of them is labelled.", ge=2)
     temperature: float = param(1.0, "Sampling temperature of the SFT policy.", gt=0)
@@ -172,7 +202,22 @@ class RewardModelConfig:
     batch_size: int = param(32, "Pairs per optimizer step.", ge=1)
     grad_clip: float = param(1.0, "Clip the global gradient norm to this value.", gt=0)
     ensemble_size: int = param(1, "Reward models trained from different seeds; PPO combines them.", ge=1)
+    backbone: str = param(
+        "reward_backbone",
+        "The model the reward model is fine-tuned from (a model trained before it): it need not be the policy's, "
+        "as InstructGPT's one 6B reward model served policies of several sizes.",
+    )
     log_every: int = param(20, "Log training metrics every N steps.", ge=1)
+
+
+@dataclass
+class BestOfNConfig:
+    """Best-of-n with the reward model: the cheapest check that it ranks well, before any RL."""
+
+    policy: str = param(
+        "sft_cold", "The model whose samples the reward model picks among (PPO's start, ppo.init, by default)."
+    )
+    n: int = param(8, "Samples per held-out prompt; the reward model's favourite is kept.", ge=2, le=1024)
 
 
 def _default_roles() -> dict[str, StageResources]:
@@ -267,6 +312,25 @@ class RLConfig:
     )
     save_every: int = param(25, "Write a resumable checkpoint every N iterations.", ge=1)
     entropy_floor: float = param(0.05, "Warn when mean token entropy falls below this (collapse).", ge=0)
+
+
+@dataclass
+class PPOConfig(RLConfig):
+    """RLHF's PPO: an RL stage whose starting policy (and KL reference) is a param."""
+
+    init: str = param(
+        "sft_cold",
+        "The policy PPO starts from, and its KL reference. InstructGPT's SFT saw a small set of demonstrations: "
+        "sft_cold (2 000 examples, pass@1 ~0.48) leaves RL room to gain; sft (20 000, pass@1 ~0.77) is at this "
+        "model size's ceiling, where even the exact verifier gains nothing.",
+    )
+    verifier_rewards: dict[str, float] = field(
+        default_factory=lambda: {"accuracy": 1.0},
+        metadata={
+            "help": "The rewards of ppo_verifier, the reference run: the same PPO from the same start with the "
+            "exact verifier in place of the reward model, to show what the learned reward model costs."
+        },
+    )
 
 
 def _grpo_defaults() -> RLConfig:
@@ -399,13 +463,24 @@ class Params:
     )
     preferences: PreferencesConfig = section(
         PreferencesConfig,
-        "Preference pairs sampled from SFT, judged.",
+        "Preference pairs sampled from a policy, judged.",
         StageKind(
             "preferences",
             "tasks.stages.preferences:run",
-            "sample K responses per prompt from sft, label pairs with the noisy gold judge",
+            "sample K responses per prompt from a policy, label pairs with the noisy gold judge",
             "dataset",
-            reads=("data", "sft"),
+            reads=("data", "${policy}"),
+        ),
+    )
+    reward_backbone: RewardBackboneConfig = section(
+        RewardBackboneConfig,
+        "A dedicated reward-model backbone: its own size, fine-tuned on the task data.",
+        StageKind(
+            "reward_backbone",
+            "tasks.stages.reward_backbone:run",
+            "build a tiny model of the reward backbone's own size and fine-tune it on worked solutions",
+            "model",
+            reads=("data",),
         ),
     )
     reward_model: RewardModelConfig = section(
@@ -416,18 +491,36 @@ class Params:
             "tasks.stages.reward_model:run",
             "Bradley-Terry reward model(s) on the pairs; held-out pairwise accuracy",
             "reward models",
-            reads=("preferences", "sft"),
+            reads=("preferences", "${backbone}"),
         ),
     )
-    ppo: RLConfig = section(
-        RLConfig,
+    best_of_n: BestOfNConfig = section(
+        BestOfNConfig,
+        "Best-of-n on held-out prompts, picked by the reward model and scored by the gold judge.",
+        StageKind(
+            "best_of_n",
+            "tasks.stages.best_of_n:run",
+            "sample n responses per held-out prompt from a policy, keep the reward model's favourite: gold reward",
+            "evaluation",
+            reads=("data", "reward_model", "${policy}"),
+        ),
+    )
+    ppo: PPOConfig = section(
+        PPOConfig,
         "PPO against the reward model, KL-anchored to SFT.",
         StageKind(
             "ppo",
             "tasks.stages.ppo:run",
             "PPO: actor, critic, reference, reward roles; KL-shaped rewards, GAE (resumes)",
             "model",
-            reads=("data", "sft", "reward_model"),
+            reads=("data", "${init}", "reward_model"),
+        ),
+        StageKind(
+            "ppo_verifier",
+            "tasks.stages.ppo:run_with_verifier",
+            "the reference point: the same PPO from the same start, rewarded by the exact verifier",
+            "model",
+            reads=("data", "${init}"),
         ),
     )
     sft_cold: SFTConfig = section(

@@ -23,7 +23,16 @@ from cronsim import CronSim, CronSimError
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from tasks.common.config import ConfigError, Params, RLConfig, RoundConfig, SFTConfig
+from tasks.common.config import (
+    ConfigError,
+    ModelSizeConfig,
+    Params,
+    PPOConfig,
+    RLConfig,
+    RoundConfig,
+    SFTTrainingConfig,
+    stage_kinds,
+)
 from tasks.common.registry import model_kinds
 
 
@@ -74,21 +83,64 @@ def _range_errors(key: str, f: dataclasses.Field, value: Any) -> Iterator[str]:
 def sections_of(config_type: type) -> tuple[str, ...]:
     """The params sections of one schema type (every RL stage's section is an ``RLConfig``)."""
     hints = typing.get_type_hints(Params)
-    return tuple(f.name for f in dataclasses.fields(Params) if hints[f.name] is config_type)
+    return tuple(
+        f.name
+        for f in dataclasses.fields(Params)
+        if isinstance(hints[f.name], type) and issubclass(hints[f.name], config_type)
+    )
 
 
 RL_SECTIONS = sections_of(RLConfig)
-SFT_SECTIONS = sections_of(SFTConfig)
+SFT_SECTIONS = sections_of(SFTTrainingConfig)
 # Models the pipelines train, by name: what `init` and `rounds.<round>.policy` may point at.
 MODELS, ROUND_MODELS = model_kinds()  # a round's model is named <kind>/<round>: sft_rs/1
 _ROUND_NAME = re.compile(r"[A-Za-z0-9_-]+")
 # Dict-valued params that params.yaml states in full (its dict replaces the default rather than adding to it).
-REPLACED_BY_THE_FILE = (*(f"{name}.rewards" for name in RL_SECTIONS), "rounds")
+REPLACED_BY_THE_FILE = (*(f"{name}.rewards" for name in RL_SECTIONS), "ppo.verifier_rewards", "rounds")
 
 
 def _is_model(name: str, rounds: dict[str, RoundConfig]) -> bool:
     kind, _, round_name = name.partition("/")
     return (name in MODELS) or (kind in ROUND_MODELS and round_name in rounds)
+
+
+def _trained_from(model: str, params: Params) -> set[str]:
+    """The stage kinds behind the model named ``model`` (``sft_rs/1``: sft_rs, rejection, grpo, ...), its own too,
+    following each kind's declared reads through the values params give them."""
+    kinds, found, pending = stage_kinds(), set(), [model.partition("/")[0]]
+    while pending:
+        kind = pending.pop()
+        if kind in found or kind not in kinds:
+            continue
+        found.add(kind)
+        stage_kind, section = kinds[kind]
+        for read in stage_kind.reads:
+            name = read.partition("@")[0]
+            if name == "${round.policy}":
+                pending += [spec.policy.partition("/")[0] for spec in params.rounds.values()]
+            elif name.startswith("${") and name[2:-1] != stage_kind.target:
+                pending.append(str(getattr(getattr(params, section), name[2:-1])).partition("/")[0])
+            else:
+                pending.append(name)
+    return found
+
+
+def _model_key_errors(params: Params) -> Iterator[str]:
+    """Every model-valued key (``sft.init``, ``ppo.init``, ``reward_model.backbone``) names a model whose stage
+    runs before the stages that read it: one that exists, and not one trained from them (a cycle)."""
+    reported = set()
+    for kind, section in stage_kinds().values():
+        keys = {f.name for f in dataclasses.fields(getattr(params, section))}
+        for read in kind.reads:
+            key = read[2:-1] if read.startswith("${") else ""
+            if key not in keys or (section, key) in reported:  # not a param: a stage, or the target (${model})
+                continue
+            model = getattr(getattr(params, section), key)
+            if not _is_model(model, params.rounds) or kind.name in _trained_from(model, params):
+                reported.add((section, key))
+                yield (
+                    f"{section}.{key}: not a model trained before {kind.name} ({', '.join(MODELS)}, ...), got {model!r}"
+                )
 
 
 def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
@@ -101,11 +153,15 @@ def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
         why = f"advantage={cfg.advantage}" if compares_group else "dynamic sampling"
         yield f"{name}.group_size: {why} compares the responses of a prompt, needs >= 2, got {cfg.group_size}"
     built_in = (*rewards.BUILT_IN, rewards.REWARD_MODEL)
-    for reward, weight in cfg.rewards.items():
-        if reward not in built_in and ":" not in reward:
-            yield f"{name}.rewards.{reward}: not a reward ({', '.join(built_in)}, or module:function of your own)"
-        if not math.isfinite(weight):
-            yield f"{name}.rewards.{reward}: the weight must be a finite number, got {weight}"
+    mixes = {"rewards": (cfg.rewards, built_in)}
+    if isinstance(cfg, PPOConfig):  # the reference run's rewards are rule-based: no reward model
+        mixes["verifier_rewards"] = (cfg.verifier_rewards, rewards.BUILT_IN)
+    for key, (mix, allowed) in mixes.items():
+        for reward, weight in mix.items():
+            if reward not in allowed and ":" not in reward:
+                yield f"{name}.{key}.{reward}: not a reward ({', '.join(allowed)}, or module:function of your own)"
+            if not math.isfinite(weight):
+                yield f"{name}.{key}.{reward}: the weight must be a finite number, got {weight}"
     if base.model_path is None:
         longest = params.sft.max_prompt_length + cfg.max_new_tokens
         if base.max_position_embeddings < longest:
@@ -122,6 +178,17 @@ def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
             )
 
 
+def _size_errors(name: str, size: ModelSizeConfig, longest: int) -> Iterator[str]:
+    """A tiny model's size: heads that divide its width, and positions for the ``longest`` sequence it sees."""
+    if size.hidden_size % size.num_heads:
+        yield f"{name}.num_heads: must divide {name}.hidden_size ({size.hidden_size}), got {size.num_heads}"
+    if size.max_position_embeddings < longest:
+        yield (
+            f"{name}.max_position_embeddings: must be >= {longest} (the longest training or generated "
+            f"sequence), got {size.max_position_embeddings}"
+        )
+
+
 def _cross_field_errors(params: Params) -> Iterator[str]:
     base, evaluation = params.base, params.eval
     for name in SFT_SECTIONS:
@@ -131,9 +198,7 @@ def _cross_field_errors(params: Params) -> Iterator[str]:
                 f"{name}.max_length: must exceed {name}.max_prompt_length ({sft.max_prompt_length}), "
                 f"got {sft.max_length}"
             )
-        own_model = sft.init == name or sft.init.startswith(f"{name}/")
-        if own_model or not _is_model(sft.init, params.rounds):
-            yield f"{name}.init: not a model trained before {name} ({', '.join(MODELS)}, ...), got {sft.init!r}"
+    yield from _model_key_errors(params)
     if "+" not in params.task.countdown.ops:  # the one operation that applies at every step of a solution
         yield f"task.countdown.ops: must include '+', got {params.task.countdown.ops!r}"
     for name in RL_SECTIONS:
@@ -146,19 +211,15 @@ def _cross_field_errors(params: Params) -> Iterator[str]:
                 f"rounds.{round_name}.policy: not a model trained before the round ({', '.join(MODELS)}, or "
                 f"grpo_final/<an earlier round>), got {spec.policy!r}"
             )
+    longest = max(params.sft.max_length, params.sft.max_prompt_length + evaluation.max_new_tokens)
     if base.model_path is None:
-        if base.hidden_size % base.num_heads:
-            yield f"base.num_heads: must divide base.hidden_size ({base.hidden_size}), got {base.num_heads}"
-        longest = max(params.sft.max_length, params.sft.max_prompt_length + evaluation.max_new_tokens)
-        if base.max_position_embeddings < longest:
-            yield (
-                f"base.max_position_embeddings: must be >= {longest} (the longest training or generated "
-                f"sequence), got {base.max_position_embeddings}"
-            )
+        yield from _size_errors("base", base, longest)
     elif not Path(base.model_path).is_dir():
         yield f"base.model_path: no model directory at {base.model_path!r}"
     elif not (Path(base.model_path) / "config.json").is_file():
         yield f"base.model_path: {base.model_path!r} is not a Hugging Face model directory (it has no config.json)"
+    backbone = params.reward_backbone
+    yield from _size_errors("reward_backbone", backbone, max(longest, backbone.max_length))
     user_files = {
         "data.train_file": params.data.train_file,
         "data.test_file": params.data.test_file,

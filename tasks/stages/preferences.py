@@ -1,4 +1,4 @@
-"""Stage `preferences`: (prompt, chosen, rejected) pairs sampled from the SFT policy and judged.
+"""Stage `preferences`: (prompt, chosen, rejected) pairs sampled from ``preferences.policy`` and judged.
 
 For each prompt, K responses are sampled; every pair of them whose gold utilities
 differ is labelled by a noisy annotator (``tasks/data/judge.py``), as InstructGPT's
@@ -66,15 +66,15 @@ def run(params: Params) -> None:
     to_sample = [split for split in ("train", "test") if split not in supplied]
     splits = dict(supplied)
     if to_sample:
-        sft = upstream_model("sft")
-        tokenizer = load_tokenizer(sft)
+        policy = upstream_model(cfg.policy)
+        tokenizer = load_tokenizer(policy)
         for split in to_sample:
             new_tokens = ("preferences.max_new_tokens", cfg.max_new_tokens)
             source = DATA_DIR / f"{split}.jsonl"
             check_prompt_lengths(
-                prompts[split], tokenizer, source, params.sft.max_prompt_length, context_length(sft), new_tokens
+                prompts[split], tokenizer, source, params.sft.max_prompt_length, context_length(policy), new_tokens
             )
-        engine = HFEngine(load_policy(sft, resolve_device(params.device)), tokenizer, params.eval.batch_size)
+        engine = HFEngine(load_policy(policy, resolve_device(params.device)), tokenizer, params.eval.batch_size)
         for split in to_sample:
             splits[split] = judged_pairs(engine, prompts[split], cfg, rng)
 

@@ -41,9 +41,9 @@ def train_member(
 ) -> PreTrainedModel:
     """Train one reward model from the SFT backbone with ``seed``, save it to ``out``; metrics under out's name."""
     make_deterministic(seed)
-    sft = upstream_model("sft")
-    tokenizer = load_tokenizer(sft)
-    model = load_reward_model(sft, resolve_device(params.device), trainable=True)
+    backbone = upstream_model(cfg.backbone)
+    tokenizer = load_tokenizer(backbone)
+    model = load_reward_model(backbone, resolve_device(params.device), trainable=True)
     model.config.pad_token_id = tokenizer.pad_token_id  # the score is read at the last non-pad token
     model.train()
     total_steps = len(pairs) // cfg.batch_size * cfg.epochs

@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from models import load_policy, load_tokenizer, resolve_device
 from tasks.common.artifacts import DATA_DIR, atomic_output, model_dir, stage_dir, upstream_model
-from tasks.common.config import Params, SFTConfig, to_dict
+from tasks.common.config import Params, SFTTrainingConfig, to_dict
 from tasks.common.tracking import log_step, stage_live
 from tasks.common.training import (
     Checkpointer,
@@ -39,7 +39,7 @@ from tasks.rl.sequences import finished_response_ids
 class SFTBatches:
     """Tokenised (prompt, response) pairs served as padded batches in a seeded per-epoch order."""
 
-    def __init__(self, examples: list[Example], tokenizer, cfg: SFTConfig, source: Path, seed: int):
+    def __init__(self, examples: list[Example], tokenizer, cfg: SFTTrainingConfig, source: Path, seed: int):
         self.sequences: list[tuple[list[int], int]] = []  # (token ids, prompt length)
         for row, example in enumerate(examples, start=1):
             prompt = tokenizer(example.prompt)["input_ids"]
@@ -72,7 +72,7 @@ class SFTBatches:
         return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
 
 
-def train(params: Params, cfg: SFTConfig, stage: str, init_dir: Path, train_file: Path) -> None:
+def train(params: Params, cfg: SFTTrainingConfig, stage: str, init_dir: Path, train_file: Path) -> None:
     """Fine-tune the model in ``init_dir`` on ``train_file`` and write it to ``artifacts/<stage>``."""
     make_deterministic(params.seed)
     device = resolve_device(params.device)
