@@ -195,10 +195,11 @@ class PreferencesConfig:
 
 @dataclass
 class RewardModelConfig:
-    lr: float = param(1e-3, "Peak AdamW learning rate.", gt=0)
+    # 3e-4 for 4 epochs beat 1e-3 for 2 on the policy-sized backbone: held-out accuracy 0.676 against 0.591
+    lr: float = param(3e-4, "Peak AdamW learning rate.", gt=0)
     weight_decay: float = param(0.01, "AdamW decoupled weight decay.", ge=0)
     warmup_steps: int = param(20, "Linear warm-up steps before cosine decay.", ge=0)
-    epochs: int = param(2, "Passes over the preference pairs.", ge=1)
+    epochs: int = param(4, "Passes over the preference pairs.", ge=1)
     batch_size: int = param(32, "Pairs per optimizer step.", ge=1)
     grad_clip: float = param(1.0, "Clip the global gradient norm to this value.", gt=0)
     ensemble_size: int = param(1, "Reward models trained from different seeds; PPO combines them.", ge=1)

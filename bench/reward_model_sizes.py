@@ -1,0 +1,73 @@
+"""Reward-model accuracy against the size of its backbone, on labels as noisy as the default and on noise-free ones.
+
+For each size the reward backbone is built and fine-tuned on the task (stage ``reward_backbone``), then a reward
+model is trained from it (stage ``reward_model``) on preference pairs sampled from PPO's start and labelled by the
+judge, with the default label noise and without; held-out ``accuracy`` is against the judge's noise-free order.
+Everything runs through the real stages in a scratch clone, with the default params but for the size.
+
+    python bench/reward_model_sizes.py                       # the README's curve
+    python bench/reward_model_sizes.py --sizes 64x2 96x3     # some of it
+"""
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from bench.scratch import cold_start_project, stage
+
+# name: (hidden_size, num_layers, num_heads, intermediate_size); 96x3 is the policy's own size
+SIZES = {"64x2": (64, 2, 4, 256), "96x3": (96, 3, 4, 384), "192x6": (192, 6, 6, 768), "256x8": (256, 8, 8, 1024)}
+NOISE = {"default noise": [], "noise-free": ["preferences.judge.label_noise=0"]}
+
+
+def size_overrides(name: str) -> list[str]:
+    hidden, layers, heads, intermediate = SIZES[name]
+    return [
+        f"reward_backbone.hidden_size={hidden}",
+        f"reward_backbone.num_layers={layers}",
+        f"reward_backbone.num_heads={heads}",
+        f"reward_backbone.intermediate_size={intermediate}",
+    ]
+
+
+def timed(project: Path, *args: str) -> float:
+    started = time.perf_counter()
+    stage(project, *args)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", default=["64x2", "96x3", "192x6"], choices=list(SIZES))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        project = cold_start_project(Path(scratch) / "project")
+        backbones, results = Path(scratch) / "backbones", {}
+        for size in args.sizes:
+            seconds = timed(project, "reward_backbone", *size_overrides(size))
+            parameters = sum(
+                tensor.numel() for tensor in load_file(project / "artifacts/reward_backbone/model.safetensors").values()
+            )
+            shutil.copytree(project / "artifacts/reward_backbone", backbones / size)
+            results[size] = {"backbone_seconds": seconds, "parameters": parameters}
+        for noise, overrides in NOISE.items():
+            stage(project, "preferences", *overrides)
+            for size in args.sizes:
+                shutil.rmtree(project / "artifacts/reward_backbone")
+                shutil.copytree(backbones / size, project / "artifacts/reward_backbone")
+                seconds = timed(project, "reward_model", *overrides)
+                metrics = json.loads((project / "metrics/reward_model/metrics.json").read_text())
+                results[size][noise] = (metrics["accuracy"], seconds)
+    print(f"{'size':>6} {'parameters':>10} {'backbone time':>14} {'default noise':>20} {'noise-free':>20}")
+    for size, row in results.items():
+        cells = [f"{row[noise][0]:.3f} ({row[noise][1]:.0f} s)" for noise in NOISE]
+        print(f"{size:>6} {row['parameters']:>10} {row['backbone_seconds']:>12.0f} s {cells[0]:>20} {cells[1]:>20}")
+
+
+if __name__ == "__main__":
+    main()
