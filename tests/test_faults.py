@@ -268,3 +268,25 @@ def test_an_uncaught_failure_ends_without_shutdown_tracebacks(tmp_path):
     result = subprocess.run([sys.executable, "-c", CRASH], cwd=project, env=env, capture_output=True, text=True)
     assert result.returncode == 1 and "RuntimeError: crashed in the loss" in result.stderr
     assert "Exception ignored" not in result.stderr, result.stderr
+
+
+def test_a_changed_learning_rate_resumes_only_a_run_that_diverged(project, capsys, monkeypatch):
+    """Reproducibility: after a crash (not a divergence) a run with another lr starts afresh, so its weights are
+    those of its own params; only a checkpoint kept by a divergence is resumed under a lowered lr."""
+    calls = {"count": 0}
+
+    def crash_at_step_15(*args):
+        calls["count"] += 1
+        if calls["count"] == 15:
+            raise KeyboardInterrupt
+        return sft_loss(*args)
+
+    sft_loss = tasks.stages.sft.sft_loss
+    monkeypatch.setattr(tasks.stages.sft, "sft_loss", crash_at_step_15)
+    schedule = ["sft.max_steps=20", "sft.save_every=10"]
+    with pytest.raises(KeyboardInterrupt):
+        main(["stage", "sft", *schedule])
+    monkeypatch.setattr(tasks.stages.sft, "sft_loss", sft_loss)
+    capsys.readouterr()
+    assert main(["stage", "sft", *schedule, "sft.lr=0.001"]) == 0
+    assert "resuming" not in capsys.readouterr().out

@@ -42,8 +42,17 @@ def test_rlhf_pipeline_runs_every_stage_and_reports_reward_accuracy_and_gold_rew
     path = rlhf["path"]
     assert stages_run(rlhf["output"]) == RLHF_STAGES
     report = _report(path)
-    order = ["data", "base", "sft", "sft_cold", "preferences", "reward_backbone", "reward_model", "best_of_n"]
-    assert list(report)[: len(order)] == order and set(report) == {*order, "ppo", "ppo_verifier"}
+    stages = ["data", "base", "sft", "sft_cold", "reward_backbone", "preferences", "reward_model", "best_of_n"]
+    assert set(report) == {*stages, "ppo", "ppo_verifier"}
+    position = {stage: index for index, stage in enumerate(report)}  # pipeline order: each after what it reads
+    for before, after in [
+        ("sft_cold", "preferences"),
+        ("preferences", "reward_model"),
+        ("reward_backbone", "reward_model"),
+        ("reward_model", "best_of_n"),
+        ("reward_model", "ppo"),
+    ]:
+        assert position[before] < position[after], (before, after)
     # The reported accuracy is the fraction of held-out pairs the reward model orders as the judge does.
     model_path = member_dirs(path / "artifacts/reward_model")[0]
     reward_model = AutoModelForSequenceClassification.from_pretrained(model_path)
