@@ -45,28 +45,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", default=["64x2", "96x3", "192x6"], choices=list(SIZES))
     args = parser.parse_args()
+    parameters: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as scratch:
         project = cold_start_project(Path(scratch) / "project")
-        backbones, results = Path(scratch) / "backbones", {}
+        backbones = Path(scratch) / "backbones"
+        # Each line as soon as it is measured: the largest size takes the better part of an hour here.
+        print(f"{'size':>6} {'parameters':>10} {'stage':>16} {'labels':>14} {'accuracy':>9} {'seconds':>8}", flush=True)
         for size in args.sizes:
             seconds = timed(project, "reward_backbone", *size_overrides(size))
-            parameters = sum(
-                tensor.numel() for tensor in load_file(project / "artifacts/reward_backbone/model.safetensors").values()
-            )
+            weights = load_file(project / "artifacts/reward_backbone/model.safetensors")
+            parameters[size] = sum(tensor.numel() for tensor in weights.values())
             shutil.copytree(project / "artifacts/reward_backbone", backbones / size)
-            results[size] = {"backbone_seconds": seconds, "parameters": parameters}
+            print(
+                f"{size:>6} {parameters[size]:>10} {'reward_backbone':>16} {'':>14} {'':>9} {seconds:>8.0f}", flush=True
+            )
         for noise, overrides in NOISE.items():
             stage(project, "preferences", *overrides)
             for size in args.sizes:
                 shutil.rmtree(project / "artifacts/reward_backbone")
                 shutil.copytree(backbones / size, project / "artifacts/reward_backbone")
                 seconds = timed(project, "reward_model", *overrides)
-                metrics = json.loads((project / "metrics/reward_model/metrics.json").read_text())
-                results[size][noise] = (metrics["accuracy"], seconds)
-    print(f"{'size':>6} {'parameters':>10} {'backbone time':>14} {'default noise':>20} {'noise-free':>20}")
-    for size, row in results.items():
-        cells = [f"{row[noise][0]:.3f} ({row[noise][1]:.0f} s)" for noise in NOISE]
-        print(f"{size:>6} {row['parameters']:>10} {row['backbone_seconds']:>12.0f} s {cells[0]:>20} {cells[1]:>20}")
+                accuracy = json.loads((project / "metrics/reward_model/metrics.json").read_text())["accuracy"]
+                cells = f"{'reward_model':>16} {noise:>14} {accuracy:>9.3f} {seconds:>8.0f}"
+                print(f"{size:>6} {parameters[size]:>10} {cells}", flush=True)
 
 
 if __name__ == "__main__":
