@@ -88,16 +88,21 @@ def set_rng_state(state: dict[str, Any]) -> None:
 RECOVERY_KNOBS = ("lr", "actor_lr", "critic_lr", "grad_clip")
 
 
-def fingerprint(config: Any, inputs: list[Path]) -> str:
-    """A digest of a stage's config and the content of its inputs: a checkpoint resumes only a matching run."""
-    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
+def content_digest(inputs: list[Path]) -> str:
+    """A digest of the files under ``inputs`` (names and bytes), read once however many fingerprints use it."""
+    digest = hashlib.sha256()
     for root in inputs:
         for path in sorted(p for p in Path(root).rglob("*") if p.is_file()):
             digest.update(str(path.relative_to(root)).encode())
             with open(path, "rb") as handle:
                 for block in iter(lambda: handle.read(1 << 20), b""):
                     digest.update(block)
-    return digest.hexdigest()[:16]
+    return digest.hexdigest()
+
+
+def fingerprint(config: Any, inputs_digest: str) -> str:
+    """A digest of a stage's config and its inputs' ``content_digest``: a checkpoint resumes only a matching run."""
+    return hashlib.sha256((json.dumps(config, sort_keys=True, default=str) + inputs_digest).encode()).hexdigest()[:16]
 
 
 def require_finite(tensors: Any, where: str) -> None:
@@ -144,8 +149,9 @@ class Checkpointer:
     def __init__(self, stage: str, config: dict[str, Any], inputs: list[Path]):
         self.stage = stage
         self.root = CHECKPOINTS / stage
-        self.path = self.root / fingerprint(config, inputs) / "latest.pt"
-        self.recovery_key = fingerprint({k: v for k, v in config.items() if k not in RECOVERY_KNOBS}, inputs)
+        inputs_digest = content_digest(inputs)  # a model directory can be gigabytes: read it once
+        self.path = self.root / fingerprint(config, inputs_digest) / "latest.pt"
+        self.recovery_key = fingerprint({k: v for k, v in config.items() if k not in RECOVERY_KNOBS}, inputs_digest)
 
     def _stopped_runs(self) -> list[Path]:
         """Checkpoints of runs that stopped on a non-finite quantity and differ from this one in knobs only."""
