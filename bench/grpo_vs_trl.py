@@ -27,14 +27,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import venv
 from pathlib import Path
 
 import torch
-from scratch import REPO, cold_start_project, stage
+from scratch import REPO, cold_start_project, stage, trl_python
 
-TRL_ENV = REPO / ".bench" / "trl"
-TRL_PACKAGES = ["torch==2.13.0", "transformers==5.19.0", "tokenizers==0.23.3", "trl==1.16.0"]
 HELD_OUT = 1000
 SETTINGS = {  # grpo's defaults in params.yaml, where TRL has the setting
     "prompts_per_step": 32,
@@ -47,16 +44,6 @@ SETTINGS = {  # grpo's defaults in params.yaml, where TRL has the setting
     "clip_high": 0.28,
     "format_weight": 0.1,
 }
-
-
-def trl_python() -> Path:
-    python = TRL_ENV / "bin" / "python"
-    if not python.exists():
-        print(f"making {TRL_ENV} with {' '.join(TRL_PACKAGES)} (once)", flush=True)
-        venv.create(TRL_ENV, with_pip=True)
-        subprocess.run([python, "-m", "pip", "install", "--quiet", TRL_PACKAGES[0]], check=True)
-        subprocess.run([python, "-m", "pip", "install", "--quiet", *TRL_PACKAGES], check=True)
-    return python
 
 
 def _plot(project: Path, name: str) -> list[float]:

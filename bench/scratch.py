@@ -3,11 +3,15 @@
 import os
 import subprocess
 import sys
+import venv
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 # dvc.yaml's commands and the benches call `alignflow`: the one installed beside this Python
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+# The peer's environment, apart from the project's, so TRL never enters it (made on first use).
+TRL_ENV = REPO / ".bench" / "trl"
+TRL_PACKAGES = ["torch==2.13.0", "transformers==5.19.0", "tokenizers==0.23.3", "trl==1.16.0"]
 
 
 def stage(project: Path, *args: str) -> None:
@@ -21,3 +25,14 @@ def cold_start_project(project: Path, overrides: list[str] | tuple[str, ...] = (
     for name in ("data", "base", "sft_cold"):
         stage(project, name, *overrides)
     return project
+
+
+def trl_python() -> Path:
+    """The Python of a virtual environment with TRL, made under ``.bench/`` on first use."""
+    python = TRL_ENV / "bin" / "python"
+    if not python.exists():
+        print(f"making {TRL_ENV} with {' '.join(TRL_PACKAGES)} (once)", flush=True)
+        venv.create(TRL_ENV, with_pip=True)
+        subprocess.run([python, "-m", "pip", "install", "--quiet", TRL_PACKAGES[0]], check=True)
+        subprocess.run([python, "-m", "pip", "install", "--quiet", *TRL_PACKAGES], check=True)
+    return python

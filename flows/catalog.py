@@ -31,4 +31,11 @@ PIPELINES: dict[str, Pipeline] = {
         "held-out evaluation of base and grpo_zero.",
         ("eval@base", "eval@grpo_zero"),
     ),
+    "offline_to_online": Pipeline(
+        "Offline-to-online: data -> base -> cold-start SFT (the policy with headroom) -> preference pairs sampled "
+        "from it and judged -> the reference's log-probs of every pair, once -> offline DPO (dpo.loss) -> online "
+        "DPO from that checkpoint (online_dpo.update: preference, or policy_gradient for GRPO/PPO), with the dip "
+        "across the switch and held-out evaluation of every model.",
+        ("eval@base", "eval@sft_cold", "eval@dpo", "eval@online_dpo"),
+    ),
 }

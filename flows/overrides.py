@@ -26,7 +26,7 @@ def _field(annotation: Any, f: dataclasses.Field) -> tuple[Any, Any]:
     checks = f.metadata
     if (allowed := choices(f)) is not None:
         annotation = Literal[allowed]
-    bounds = {name: checks[name] for name in ("gt", "ge", "le") if name in checks}
+    bounds = {name: checks[name] for name in ("gt", "ge", "lt", "le") if name in checks}
     return annotation | None, Field(None, description=checks.get("help"), **bounds)
 
 

@@ -84,6 +84,19 @@ TINY = [
     "grpo_final.group_size=4",
     "grpo_final.minibatch_size=16",
     "grpo_final.max_new_tokens=48",
+    "dpo.max_steps=12",
+    "dpo.batch_size=8",
+    "dpo.warmup_steps=2",
+    "dpo.save_every=4",
+    "dpo.log_every=4",
+    "online_dpo.steps=4",
+    "online_dpo.rollout_batch_size=8",
+    "online_dpo.group_size=4",
+    "online_dpo.minibatch_size=16",
+    "online_dpo.max_new_tokens=48",
+    "online_dpo.save_every=2",
+    "online_dpo.heldout_every=2",
+    "online_dpo.heldout_prompts=8",
 ]
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 

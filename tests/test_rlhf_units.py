@@ -13,9 +13,9 @@ from tasks.common.params import load_params
 from tasks.data.judge import gold_utility, prefers_first
 from tasks.data.problems import Example
 from tasks.rl.core_algos import POLICY_LOSSES, adaptive_kl_coef, explained_variance, token_logprobs
-from tasks.rl.sequences import pack, pack_text, shared_prompt_logits
+from tasks.rl.sequences import pack, pack_text, response_logprobs, shared_prompt_logits
 from tasks.rl.trainer import RunningMoments, alarms, prepare_scores
-from tasks.rl.workers import ActorWorker, response_logprobs
+from tasks.rl.workers import ActorWorker
 from tasks.rollout.engine import Sampling
 from tasks.rollout.hf_engine import HFEngine, sample_tokens
 from tests.conftest import REPO, tiny_model

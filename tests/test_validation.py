@@ -58,6 +58,20 @@ MALFORMED_CONFIGS = [
     (["preferences.policy=ppo"], "preferences.policy: not a model trained before preferences"),
     (["best_of_n.policy=eval"], "best_of_n.policy: not a model trained before best_of_n"),
     (["ppo.verifier_rewards={reward_model: 1.0}"], "ppo.verifier_rewards.reward_model: not a reward"),
+    (["dpo.beta=0"], "dpo.beta: must be > 0"),
+    (["online_dpo.beta=-1"], "online_dpo.beta: must be > 0"),
+    (["dpo.label_smoothing=0.5"], "dpo.label_smoothing: must be < 0.5"),
+    (["dpo.label_smoothing=-0.1"], "dpo.label_smoothing: must be >= 0"),
+    (["dpo.loss=kto"], "dpo.loss: must be one of dpo, cdpo, ipo, hinge, simpo, orpo, got 'kto'"),
+    (["online_dpo.loss=nosuch"], "online_dpo.loss: must be one of"),
+    (["online_dpo.sync_every=0"], "online_dpo.sync_every: must be >= 1"),
+    (["online_dpo.update=ppo"], "online_dpo.update: must be one of preference, policy_gradient"),
+    (["online_dpo.group_size=1"], "online_dpo.group_size: the preference update pairs the responses of a prompt"),
+    (["online_dpo.rewards={reward_model: 1.0}"], "online_dpo.rewards.reward_model: the online_dpo stage does not read"),
+    (["grpo.rewards={reward_model: 1.0}"], "grpo.rewards.reward_model: the grpo stage does not read"),
+    (["dpo.init=dpo"], "dpo.init: not a model trained before dpo"),
+    (["dpo.init=online_dpo"], "dpo.init: not a model trained before dpo"),
+    (["online_dpo.init=online_dpo"], "online_dpo.init: not a model trained before online_dpo"),
 ]
 
 

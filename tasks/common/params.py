@@ -26,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from tasks.common.config import (
     ConfigError,
     ModelSizeConfig,
+    OnlineDPOConfig,
     Params,
     PPOConfig,
     RLConfig,
@@ -53,9 +54,14 @@ def fields_with_keys(config: Any, prefix: str = "") -> Iterator[tuple[str, datac
 def choices(f: dataclasses.Field) -> tuple[str, ...] | None:
     """The values a field may take: its own ``choices``, or the names a core_algos registry holds."""
     if "registered" in f.metadata:
-        from tasks.rl import core_algos  # torch: imported only when params are checked
+        from tasks.rl import core_algos, preference_losses  # torch: imported only when params are checked
 
-        return (*f.metadata.get("extra_choices", ()), *getattr(core_algos, f.metadata["registered"]))
+        registry = next(
+            getattr(module, f.metadata["registered"])
+            for module in (core_algos, preference_losses)
+            if hasattr(module, f.metadata["registered"])
+        )
+        return (*f.metadata.get("extra_choices", ()), *registry)
     return f.metadata.get("choices")
 
 
@@ -70,6 +76,8 @@ def _range_errors(key: str, f: dataclasses.Field, value: Any) -> Iterator[str]:
         yield f"{key}: must be > {checks['gt']}, got {value}"
     if "ge" in checks and not value >= checks["ge"]:
         yield f"{key}: must be >= {checks['ge']}, got {value}"
+    if "lt" in checks and not value < checks["lt"]:
+        yield f"{key}: must be < {checks['lt']}, got {value}"
     if "le" in checks and not value <= checks["le"]:
         why = f" ({checks['why']})" if "why" in checks else ""
         yield f"{key}: must be <= {checks['le']}, got {value}{why}"
@@ -152,7 +160,18 @@ def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
     if cfg.group_size < 2 and (compares_group or cfg.dynamic_sampling):
         why = f"advantage={cfg.advantage}" if compares_group else "dynamic sampling"
         yield f"{name}.group_size: {why} compares the responses of a prompt, needs >= 2, got {cfg.group_size}"
+    if isinstance(cfg, OnlineDPOConfig) and cfg.update == "preference" and cfg.group_size < 2:
+        yield f"{name}.group_size: the preference update pairs the responses of a prompt, needs >= 2, got 1"
+    # A stage reads the reward model only when dvc.yaml says so (its kind reads reward_model).
+    reads_reward_model = any(
+        "reward_model" in kind.reads for kind, section in stage_kinds().values() if section == name
+    )
     built_in = (*rewards.BUILT_IN, rewards.REWARD_MODEL)
+    if not reads_reward_model and rewards.REWARD_MODEL in cfg.rewards:
+        yield (
+            f"{name}.rewards.{rewards.REWARD_MODEL}: the {name} stage does not read the reward model (its dvc.yaml "
+            "stage has no artifacts/reward_model dependency); use a stage that does (ppo, grpo_final)"
+        )
     mixes = {"rewards": (cfg.rewards, built_in)}
     if isinstance(cfg, PPOConfig):  # the reference run's rewards are rule-based: no reward model
         mixes["verifier_rewards"] = (cfg.verifier_rewards, rewards.BUILT_IN)

@@ -1,4 +1,5 @@
-"""Pieces every training stage shares: determinism, the optimiser and schedule, and resumable checkpoints."""
+"""Pieces every training stage shares: determinism, the optimiser and schedule, resumable checkpoints, and the
+fixed-length training loop (``fit``)."""
 
 import contextlib
 import hashlib
@@ -6,16 +7,20 @@ import json
 import os
 import random
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from dvclive import Live
+from tqdm.auto import tqdm
 from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
 from tasks.common.artifacts import CHECKPOINTS, atomic_output
+from tasks.common.config import OptimizationConfig
 from tasks.common.errors import NonFiniteError, cause
+from tasks.common.tracking import log_step
 
 DIVERGED = "diverged.json"  # beside a checkpoint: the run stopped on a non-finite quantity after saving it
 
@@ -205,3 +210,59 @@ def stop_on_divergence(checkpointer: Checkpointer) -> Iterator[None]:
         yield
     except NonFiniteError as error:
         raise NonFiniteError(f"{cause(error)}; {checkpointer.keep_for_recovery()}") from None
+
+
+def fit(
+    stage: str,
+    model: torch.nn.Module,
+    cfg: OptimizationConfig,
+    step_metrics: Callable[[int], dict[str, torch.Tensor]],
+    checkpointer: Checkpointer,
+    live: Live,
+) -> list[tuple[int, dict[str, float]]]:
+    """``cfg.max_steps`` AdamW steps on ``step_metrics(step)["loss"]`` with warm-up and cosine decay: the loop every
+    fixed-length training stage (SFT, DPO) runs. It resumes from ``checkpointer`` bit-for-bit (weights, optimiser,
+    schedule, RNG, step, metric history; the data position follows from the step), logs the mean of every metric
+    ``step_metrics`` returns over each ``log_every`` steps (with the gradient norm and the learning rate), saves a
+    checkpoint every ``save_every`` steps, and stops on a non-finite loss, gradient or weight. Returns the history.
+    """
+    optimizer, scheduler = adamw_with_cosine(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, cfg.max_steps)
+    start_step, history, interval = 0, [], {"sums": {}, "steps": 0}
+    if (checkpoint := checkpointer.load()) is not None:
+        restore_training_state(model, optimizer, scheduler, checkpoint)
+        set_rng_state(checkpoint["rng"])
+        start_step, history, interval = checkpoint["step"], checkpoint["history"], checkpoint["interval"]
+    for logged_step, metrics in history:
+        log_step(live, logged_step, metrics)
+    progress = tqdm(range(start_step, cfg.max_steps), desc=stage, initial=start_step, total=cfg.max_steps)
+    with stop_on_divergence(checkpointer):
+        for step in progress:
+            metrics = step_metrics(step)
+            grad_norm = guarded_step(model, optimizer, metrics["loss"], cfg.grad_clip, f"{stage} step {step + 1}")
+            scheduler.step()
+            for name, value in metrics.items():
+                interval["sums"][name] = interval["sums"].get(name, 0.0) + value.item()
+            interval["steps"] += 1
+
+            done = step + 1
+            if done % cfg.log_every == 0 or done == cfg.max_steps:
+                logged = {name: round(total / interval["steps"], 6) for name, total in interval["sums"].items()}
+                logged |= {"grad_norm": round(grad_norm.item(), 6), "lr": scheduler.get_last_lr()[0]}
+                history.append((done, logged))
+                log_step(live, done, logged)
+                progress.set_postfix(loss=logged["loss"])
+                interval = {"sums": {}, "steps": 0}
+            if done % cfg.save_every == 0 and done < cfg.max_steps:
+                checkpointer.save(
+                    {
+                        "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(),
+                        "rng": rng_state(),
+                        "step": done,
+                        "history": history,
+                        "interval": interval,
+                    }
+                )
+        require_finite(model.state_dict(), f"{stage} after step {cfg.max_steps}, before saving the model")
+    return history

@@ -13,6 +13,9 @@ always, pick the better response; label_noise = 0 gives the judge's own order.
 import math
 import random
 
+import torch
+
+from tasks.data.datasets import PreferencePair
 from tasks.data.problems import Example, score_response
 
 CORRECT_WEIGHT, FORMAT_WEIGHT, CONCISION_WEIGHT = 0.7, 0.2, 0.1
@@ -30,3 +33,23 @@ def prefers_first(utility_a: float, utility_b: float, label_noise: float, rng: r
         return utility_a > utility_b
     probability = 1.0 / (1.0 + math.exp(-(utility_a - utility_b) / label_noise))
     return rng.random() < probability
+
+
+def preference_metrics(chosen: torch.Tensor, rejected: torch.Tensor, pairs: list[PreferencePair]) -> dict[str, float]:
+    """How well scores of the chosen and rejected responses (a reward model's, or DPO's implicit rewards) rank
+    ``pairs``: ``accuracy`` against the gold judge's noise-free order (rows that carry it), ``label_accuracy``
+    against the labels as given, the mean margin of the better response over the worse, and the mean scores."""
+    gold = [pair.gold_prefers_chosen for pair in pairs]
+    known = torch.tensor([verdict is not None for verdict in gold])
+    gold_chosen_better = torch.tensor([bool(verdict) for verdict in gold])
+    # The margin of the better response over the worse, by the judge when it is known, else by the label.
+    margin = torch.where(known & ~gold_chosen_better, rejected - chosen, chosen - rejected)
+    metrics = {
+        "label_accuracy": (chosen > rejected).float().mean().item(),
+        "margin": margin.mean().item(),
+        "reward_chosen": chosen.mean().item(),
+        "reward_rejected": rejected.mean().item(),
+    }
+    if known.any():
+        metrics["accuracy"] = (margin[known] > 0).float().mean().item()
+    return metrics

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from tasks.rl.core_algos import token_logprobs
+
 
 @dataclass
 class PackedBatch:
@@ -84,6 +86,14 @@ def shared_prompt_logits(model: PreTrainedModel, batch: PackedBatch) -> torch.Te
     ).logits
     # the last prompt position predicts response token 0; response position t predicts token t + 1
     return torch.cat([last_prompt_logits[prompt_of_row], response_logits[:, :-1]], dim=1)
+
+
+def response_logprobs(
+    model: PreTrainedModel, batch: PackedBatch, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probs of the response tokens, their logits) under ``model`` at ``temperature``: (B, T), (B, T, V)."""
+    logits = shared_prompt_logits(model, batch).float() / temperature
+    return token_logprobs(logits, batch.response_ids), logits
 
 
 def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> PackedBatch:

@@ -25,6 +25,7 @@ the prompt cursor and the metric history.
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ import torch
 from tqdm.auto import tqdm
 
 from models import context_length, load_tokenizer
-from tasks.common.artifacts import atomic_output, model_dir
+from tasks.common.artifacts import DATA_DIR, atomic_output, model_dir
 from tasks.common.config import Params, RLConfig, stage_kinds, to_dict
 from tasks.common.errors import NonFiniteError, cause
 from tasks.common.tracking import log_step, stage_live
@@ -60,11 +61,12 @@ from tasks.rl.core_algos import (
 from tasks.rl.rewards import REWARD_MODEL, RewardInputs, RewardScorer
 from tasks.rl.sequences import pack
 from tasks.rl.workers import Worker, place, updates_per_rollout
-from tasks.rollout.engine import Completion
+from tasks.rollout.engine import Completion, Sampling
 
 # Rewards beyond this are a bug in a reward function, not a signal: normalising them would overflow.
 REWARD_LIMIT = 1e6
 HACKING_WINDOW = 10  # iterations compared when looking for reward up while gold reward goes down
+HELDOUT = "heldout/gold_reward"  # the policy's gold reward on a fixed held-out slice, every heldout_every iterations
 
 
 @dataclass
@@ -133,6 +135,20 @@ class Rollout:
         )
 
 
+@dataclass(frozen=True)
+class Learner:
+    """What an iteration's scored rollout trains, and the roles besides the actor that it needs: the stage picks
+    one (``policy_gradient`` below, or the online preference update of ``tasks/rl/online_preference.py``)."""
+
+    roles: Callable[[RLConfig], set[str]]
+    learn: Callable[..., dict[str, float]]  # (roles, rollout, tokenizer, cfg, state, clock) -> metrics
+
+
+def reward_roles(cfg: RLConfig) -> set[str]:
+    """The reward model's role, when the rewards weigh it."""
+    return {"reward"} if cfg.rewards.get(REWARD_MODEL, 0.0) else set()
+
+
 def needed_roles(cfg: RLConfig) -> set[str]:
     """The roles besides the actor that this configuration uses."""
     roles = set()
@@ -140,9 +156,7 @@ def needed_roles(cfg: RLConfig) -> set[str]:
         roles.add("critic")
     if cfg.kl_in_reward or cfg.kl_loss != "none" or cfg.ref_reset_every:
         roles.add("reference")
-    if cfg.rewards.get(REWARD_MODEL, 0.0):
-        roles.add("reward")
-    return roles
+    return roles | reward_roles(cfg)
 
 
 def prepare_scores(raw: torch.Tensor, cfg: RLConfig, moments: RunningMoments) -> torch.Tensor:
@@ -244,17 +258,21 @@ def learn(
         tokenizer.pad_token_id,
     )
     mask = batch.response_mask
+    engine_logprobs = sampled_logprobs(rollout.completions, mask)
+    # Semi-online, the engine sampled with older weights: π_old is that policy, whose log-probs it reported.
     # One update per rollout: π_old is the actor as it is, and the update's own forward pass gives its
     # log-probs; a pass beforehand would compute the same numbers (unless the KL is in the reward, which
     # needs them before the advantages).
     single_update = updates_per_rollout(len(mask), cfg) == 1 and not cfg.kl_in_reward
+    skip_pass = cfg.sync_every > 1 or single_update
     pending = {
         name: roles[role].call(method, batch)
         for name, role, method in _PASSES
-        if role in roles and not (single_update and name == "logprobs")
+        if role in roles and not (skip_pass and name == "logprobs")
     }
     out = {name: call.result() for name, call in pending.items()}
-    old_logprobs, ref_logprobs, values = out.get("logprobs"), out.get("ref_logprobs"), out.get("values")
+    old_logprobs = engine_logprobs if cfg.sync_every > 1 else out.get("logprobs")
+    ref_logprobs, values = out.get("ref_logprobs"), out.get("values")
     passed = time.perf_counter()
     clock["time/score"] += passed - started
 
@@ -271,16 +289,36 @@ def learn(
         metrics |= critic_update.result()
     clock["time/train"] += time.perf_counter() - passed
 
-    engine_logprobs = torch.zeros_like(mask)
-    for row, completion in enumerate(rollout.completions):
-        engine_logprobs[row, : len(completion.logprobs)] = torch.tensor(completion.logprobs)
-    metrics["logprob_parity"] = masked_mean((engine_logprobs - old_logprobs).abs(), mask).item()
-    metrics["response_length"] = mask.sum(-1).mean().item()
+    metrics |= policy_metrics(engine_logprobs, old_logprobs, ref_logprobs, mask)
     if ref_logprobs is not None:
-        metrics["kl"] = (kl_k1(old_logprobs, ref_logprobs) * mask).sum(-1).mean().item()
         metrics["kl_coef"] = state.kl_coef
     if values is not None:
         metrics["explained_variance"] = explained_variance(values, returns, mask).item()
+    return metrics
+
+
+POLICY_GRADIENT = Learner(needed_roles, learn)
+
+
+def sampled_logprobs(completions: list[Completion], mask: torch.Tensor) -> torch.Tensor:
+    """(B, T): the log-prob the rollout engine sampled each response token with."""
+    logprobs = torch.zeros_like(mask)
+    for row, completion in enumerate(completions):
+        logprobs[row, : len(completion.logprobs)] = torch.tensor(completion.logprobs)
+    return logprobs
+
+
+def policy_metrics(
+    engine_logprobs: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None, mask: torch.Tensor
+) -> dict[str, float]:
+    """Parity (the engine's log-probs against the trainer's, per token; semi-online this includes the policy's
+    drift since the engine's last sync), response length, and the KL to the reference per response."""
+    metrics = {
+        "logprob_parity": masked_mean((engine_logprobs - logprobs).abs(), mask).item(),
+        "response_length": mask.sum(-1).mean().item(),
+    }
+    if ref_logprobs is not None:
+        metrics["kl"] = (kl_k1(logprobs, ref_logprobs) * mask).sum(-1).mean().item()
     return metrics
 
 
@@ -326,8 +364,37 @@ def alarms(history: list[tuple[int, dict[str, float]]], cfg: RLConfig) -> list[s
     return found
 
 
-def train(params: Params, cfg: RLConfig, stage: str, init_dir: Path, train_file: Path, reward_dirs: list[Path]) -> None:
-    """RL on the prompts of ``train_file`` from the policy in ``init_dir``; the policy is written to the stage's dir."""
+def heldout_gold_reward(roles: dict[str, Worker], examples: list[Example], cfg: RLConfig) -> float:
+    """The current policy's mean gold reward on ``examples``, sampled as the rollouts are."""
+    sampling = Sampling(cfg.max_new_tokens, n=cfg.group_size, temperature=cfg.temperature)
+    completions = roles["actor"].call("sample_current", [e.prompt for e in examples], sampling).result()
+    return sum(gold_utility(examples[c.prompt_index], c.text) for c in completions) / len(completions)
+
+
+def dip_and_recovery(history: list[tuple[int, dict[str, float]]]) -> tuple[float, int | None]:
+    """From the held-out gold rewards in ``history`` (the first, at iteration 0, is the starting policy's): the
+    largest fall below the start before the policy first comes back to it, and the iteration it does (0 when it
+    never fell; None when it has not come back yet)."""
+    probes = [(step, metrics[HELDOUT]) for step, metrics in history if HELDOUT in metrics]
+    start, dip = probes[0][1], 0.0
+    for step, value in probes[1:]:
+        if value >= start and dip > 0:
+            return dip, step
+        dip = max(dip, start - value)
+    return dip, (0 if dip == 0 else None)
+
+
+def train(
+    params: Params,
+    cfg: RLConfig,
+    stage: str,
+    init_dir: Path,
+    train_file: Path,
+    reward_dirs: list[Path],
+    learner: Learner = POLICY_GRADIENT,
+) -> None:
+    """RL on the prompts of ``train_file`` from the policy in ``init_dir``, each scored rollout trained by
+    ``learner``; the policy is written to the stage's dir."""
     make_deterministic(params.seed)
     examples = read_examples(train_file)
     section = stage_kinds()[stage.partition("@")[0]][1]
@@ -342,7 +409,7 @@ def train(params: Params, cfg: RLConfig, stage: str, init_dir: Path, train_file:
     )
     if len(examples) < cfg.rollout_batch_size:
         raise ValueError(f"{stage}: {len(examples)} training prompts, fewer than rollout_batch_size")
-    wanted = needed_roles(cfg)
+    wanted = learner.roles(cfg)
     if "reward" in wanted and not reward_dirs:
         raise ValueError(
             f"{stage}: rewards.{REWARD_MODEL} needs a reward model (run `alignflow stage reward_model` first)"
@@ -366,6 +433,10 @@ def train(params: Params, cfg: RLConfig, stage: str, init_dir: Path, train_file:
     with scorer, atomic_output(model_dir(stage)) as out, stage_live(stage) as live, stop_on_divergence(checkpointer):
         for logged_step, metrics in state.history:
             log_step(live, logged_step, metrics)
+        heldout = read_examples(DATA_DIR / "test.jsonl")[: cfg.heldout_prompts] if cfg.heldout_every else []
+        if heldout and state.step == 0:
+            state.history.append((0, {HELDOUT: round(heldout_gold_reward(roles, heldout, cfg), 6)}))
+            log_step(live, 0, state.history[-1][1])
         progress = tqdm(range(state.step, cfg.steps), desc=stage, initial=state.step, total=cfg.steps)
         raised: set[str] = set()
         for step in progress:
@@ -374,7 +445,9 @@ def train(params: Params, cfg: RLConfig, stage: str, init_dir: Path, train_file:
             try:
                 rollout, metrics = collect(roles, scorer, examples, cfg, state, params.seed, clock)
                 if rollout is not None:
-                    metrics |= rollout_metrics(rollout) | learn(roles, rollout, tokenizer, cfg, state, clock)
+                    metrics |= rollout_metrics(rollout) | learner.learn(roles, rollout, tokenizer, cfg, state, clock)
+                if heldout and ((step + 1) % cfg.heldout_every == 0 or step + 1 == cfg.steps):
+                    metrics[HELDOUT] = heldout_gold_reward(roles, heldout, cfg)
             except NonFiniteError as error:  # raised by a role (maybe on a Ray actor) that does not know the step
                 raise NonFiniteError(f"{stage} step {step + 1}: {cause(error)}") from None
             if cfg.kl_target is not None and "kl" in metrics:
@@ -405,6 +478,8 @@ def train(params: Params, cfg: RLConfig, stage: str, init_dir: Path, train_file:
             if name in final:
                 live.summary[name] = final[name]
         live.summary["kl_budget"] = cfg.kl_budget
+        if heldout:
+            live.summary["dip"], live.summary["recovery_iterations"] = dip_and_recovery(state.history)
         live.make_summary()
         roles["actor"].call("save", out, init_dir).result()
     checkpointer.clear()

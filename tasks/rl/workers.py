@@ -10,6 +10,7 @@ process (``colocate``) or on its own Ray actor with the resources ``roles`` give
 the trainer calls both the same way and may run calls on different roles concurrently.
 """
 
+import copy
 import math
 from pathlib import Path
 from typing import Any
@@ -36,19 +37,11 @@ from tasks.rl.core_algos import (
     clipped_value_loss,
     entropy_from_logits,
     masked_mean,
-    token_logprobs,
 )
-from tasks.rl.sequences import PackedBatch, score_texts, shared_prompt_logits
+from tasks.rl.preference_losses import PairLogprobs, preference_loss, sequence_logprobs
+from tasks.rl.sequences import PackedBatch, response_logprobs, score_texts
 from tasks.rollout.engine import Completion, RolloutEngine, Sampling
 from tasks.rollout.hf_engine import HFEngine
-
-
-def response_logprobs(
-    model: PreTrainedModel, batch: PackedBatch, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-probs of the response tokens, their logits) under ``model`` at ``temperature``: (B, T), (B, T, V)."""
-    logits = shared_prompt_logits(model, batch).float() / temperature
-    return token_logprobs(logits, batch.response_ids), logits
 
 
 def _minibatches(size: int, minibatch_size: int, epochs: int) -> list[torch.Tensor]:
@@ -97,17 +90,36 @@ def _optimizer(model: torch.nn.Module, lr: float, cfg: RLConfig) -> tuple[torch.
 
 
 class ActorWorker(_TrainedRole):
+    """The policy, and the rollout engine that samples from it: from the policy itself (``sync_every: 1``) or,
+    semi-online, from a copy of it (``sampler``) refreshed every ``sync_every`` updates."""
+
     def __init__(self, params: Params, cfg: RLConfig, model_dir: Path):
         self.cfg = cfg
         make_deterministic(params.seed)
         self.model = load_policy(model_dir, resolve_device(params.device))
         self.model.train()
         self.optimizer, self.scheduler = _optimizer(self.model, cfg.actor_lr, cfg)
-        self.engine = _make_engine(params, cfg, self.model, load_tokenizer(model_dir), model_dir)
+        self.sampler = self.model if cfg.sync_every == 1 else copy.deepcopy(self.model).requires_grad_(False)
+        self.updates, self.synced_at = 0, 0  # optimizer steps taken, and at which the engine was last synced
+        self.tokenizer, self.batch_size = load_tokenizer(model_dir), params.eval.batch_size
+        self.engine = _make_engine(params, cfg, self.sampler, self.tokenizer, model_dir)
 
     def generate(self, prompts: list[str]) -> list[Completion]:
         sampling = Sampling(self.cfg.max_new_tokens, n=self.cfg.group_size, temperature=self.cfg.temperature)
         return self.engine.generate(prompts, sampling)
+
+    def sample_current(self, prompts: list[str], sampling: Sampling) -> list[Completion]:
+        """Samples of the policy as it is now (a semi-online engine may lag it), for held-out evaluation."""
+        return HFEngine(self.model, self.tokenizer, self.batch_size).generate(prompts, sampling)
+
+    def _took_steps(self, steps: int) -> None:
+        """Count ``steps`` optimizer steps and sync the engine once ``sync_every`` have passed since the last sync."""
+        self.updates += steps
+        if self.updates - self.synced_at >= self.cfg.sync_every:
+            if self.sampler is not self.model:
+                self.sampler.load_state_dict(self.model.state_dict())
+            self.engine.sync_weights(self.sampler)
+            self.synced_at = self.updates
 
     @torch.no_grad()
     def logprobs(self, batch: PackedBatch) -> torch.Tensor:
@@ -164,15 +176,68 @@ class ActorWorker(_TrainedRole):
             for name, value in zip(totals, (policy_loss, clip_fraction, entropy, approx_kl, grad_norm), strict=True):
                 totals[name] += value.item() / len(minibatches)
         self.scheduler.step()
-        self.engine.sync_weights(self.model)
+        self._took_steps(len(minibatches))
         return totals, old_logprobs
+
+    def preference_update(
+        self, batch: PackedBatch, ref_logprobs: torch.Tensor | None
+    ) -> tuple[dict[str, float], torch.Tensor]:
+        """``epochs`` passes of minibatch steps on the preference loss ``cfg.loss`` over the P pairs of ``batch``
+        (rows 0..P-1 chosen, P..2P-1 rejected; ``minibatch_size`` responses, half as many pairs, per step).
+        Returns the metrics and each row's log-probs before the first step on it (B, T)."""
+        cfg, device = self.cfg, self.model.device
+        num_pairs = len(batch.input_ids) // 2
+        minibatches = _minibatches(num_pairs, max(1, cfg.minibatch_size // 2), cfg.epochs)
+        before = torch.zeros_like(batch.response_mask)
+        seen = torch.zeros(len(before), dtype=torch.bool)
+        names = ("preference_loss", "pair_accuracy", "margin", "chosen_logp", "rejected_logp", "entropy", "grad_norm")
+        totals = dict.fromkeys(names, 0.0)
+        for pair_rows in minibatches:
+            rows = torch.cat([pair_rows, pair_rows + num_pairs])
+            part = batch.select(rows).to(device)
+            logprobs, logits = response_logprobs(self.model, part, cfg.temperature)
+            fresh = ~seen[rows]
+            before[rows[fresh]] = logprobs.detach().cpu()[fresh]
+            seen[rows] = True
+            sums, lengths = sequence_logprobs(logprobs, part.response_mask)
+            reference = (None, None)
+            if ref_logprobs is not None:
+                reference = sequence_logprobs(ref_logprobs[rows].to(device), part.response_mask)[0].chunk(2)
+            pairs = PairLogprobs(*sums.chunk(2), *lengths.chunk(2), *reference)
+            losses, chosen, rejected = preference_loss(
+                cfg.loss, pairs, cfg.beta, cfg.label_smoothing, cfg.simpo_gamma, cfg.sft_weight
+            )
+            with torch.no_grad():
+                entropy = masked_mean(entropy_from_logits(logits), part.response_mask)
+            grad_norm = guarded_step(self.model, self.optimizer, losses.mean(), cfg.grad_clip, "the actor's update")
+            values = (
+                losses.mean(),
+                (chosen > rejected).float().mean(),
+                (chosen - rejected).mean(),
+                pairs.chosen.mean(),
+                pairs.rejected.mean(),
+                entropy,
+                grad_norm,
+            )
+            for name, value in zip(names, values, strict=True):
+                totals[name] += value.item() / len(minibatches)
+        self.scheduler.step()
+        self._took_steps(len(minibatches))
+        return totals, before
 
     def weights(self) -> dict[str, torch.Tensor]:
         return {name: tensor.detach().cpu().clone() for name, tensor in self.model.state_dict().items()}
 
+    def state(self) -> dict[str, Any]:
+        sampler = None if self.sampler is self.model else self.sampler.state_dict()
+        return super().state() | {"sampler": sampler, "updates": self.updates, "synced_at": self.synced_at}
+
     def load_state(self, state: dict[str, Any]) -> None:
         super().load_state(state)
-        self.engine.sync_weights(self.model)
+        self.updates, self.synced_at = state["updates"], state["synced_at"]
+        if state["sampler"] is not None:
+            self.sampler.load_state_dict(state["sampler"])
+        self.engine.sync_weights(self.sampler)
 
     def save(self, out: Path, tokenizer_dir: Path) -> None:
         require_finite(self.model.state_dict(), "the policy, before saving it")

@@ -23,6 +23,7 @@ from tasks.common.config import Params, RewardModelConfig
 from tasks.common.tracking import stage_live
 from tasks.common.training import adamw_with_cosine, epoch_batch, guarded_step, make_deterministic
 from tasks.data.datasets import PreferencePair, read_preferences
+from tasks.data.judge import preference_metrics
 from tasks.rl.core_algos import bradley_terry_loss
 from tasks.rl.sequences import pack_text
 
@@ -64,23 +65,6 @@ def train_member(
     return model
 
 
-def held_out_metrics(chosen: torch.Tensor, rejected: torch.Tensor, pairs: list[PreferencePair]) -> dict[str, float]:
-    gold = [pair.gold_prefers_chosen for pair in pairs]
-    known = torch.tensor([verdict is not None for verdict in gold])
-    gold_chosen_better = torch.tensor([bool(verdict) for verdict in gold])
-    # The margin of the better response over the worse, by the judge when it is known, else by the label.
-    margin = torch.where(known & ~gold_chosen_better, rejected - chosen, chosen - rejected)
-    metrics = {
-        "label_accuracy": (chosen > rejected).float().mean().item(),
-        "margin": margin.mean().item(),
-        "reward_chosen": chosen.mean().item(),
-        "reward_rejected": rejected.mean().item(),
-    }
-    if known.any():
-        metrics["accuracy"] = (margin[known] > 0).float().mean().item()
-    return metrics
-
-
 def run(params: Params) -> None:
     cfg = params.reward_model
     train_pairs = read_preferences(PREFERENCES_DIR / "train.jsonl")
@@ -98,7 +82,7 @@ def run(params: Params) -> None:
                 held_out.append(_pair_scores(model, load_tokenizer(out / f"member-{member}"), test_pairs))
         chosen = torch.stack([c for c, _ in held_out]).mean(0)
         rejected = torch.stack([r for _, r in held_out]).mean(0)
-        metrics = held_out_metrics(chosen, rejected, test_pairs)
+        metrics = preference_metrics(chosen, rejected, test_pairs)
         for name, value in metrics.items():
             live.log_metric(name, round(value, 6), plot=False)
     print("reward_model: " + ", ".join(f"{name}={value:.3f}" for name, value in metrics.items()), flush=True)

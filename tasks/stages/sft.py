@@ -3,33 +3,19 @@ tokens only. ``sft`` trains on the training split (RLHF's first stage), ``sft_co
 (R1's cold start), ``sft_rs@<round>`` on a round's rejection-sampled data (R1's second SFT); each starts from
 the model its section's ``init`` names.
 
-AdamW with warm-up and cosine decay, gradient clipping, and a checkpoint every
-``sft.save_every`` steps holding everything needed to continue bit-for-bit:
-weights, optimiser, schedule, RNG, step (the data position follows from the
-step), and the metric history logged so far.
+The loop is ``tasks/common/training.py:fit``: AdamW with warm-up and cosine decay, gradient clipping, and a
+checkpoint every ``save_every`` steps holding everything needed to continue bit-for-bit.
 """
 
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from models import load_policy, load_tokenizer, resolve_device
 from tasks.common.artifacts import DATA_DIR, atomic_output, model_dir, stage_dir, upstream_model
 from tasks.common.config import Params, SFTTrainingConfig, to_dict
-from tasks.common.tracking import log_step, stage_live
-from tasks.common.training import (
-    Checkpointer,
-    adamw_with_cosine,
-    epoch_batch,
-    guarded_step,
-    make_deterministic,
-    require_finite,
-    restore_training_state,
-    rng_state,
-    set_rng_state,
-    stop_on_divergence,
-)
+from tasks.common.tracking import stage_live
+from tasks.common.training import Checkpointer, epoch_batch, fit, make_deterministic
 from tasks.data.datasets import DatasetError, read_examples
 from tasks.data.problems import Example
 from tasks.rl.core_algos import sft_loss
@@ -80,53 +66,15 @@ def train(params: Params, cfg: SFTTrainingConfig, stage: str, init_dir: Path, tr
     batches = SFTBatches(read_examples(train_file)[: cfg.num_examples], tokenizer, cfg, train_file, params.seed)
     model = load_policy(init_dir, device)
     model.train()
-    optimizer, scheduler = adamw_with_cosine(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, cfg.max_steps)
+
+    def step_metrics(step: int) -> dict[str, torch.Tensor]:
+        batch = {name: tensor.to(device) for name, tensor in batches[step].items()}
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        return {"loss": sft_loss(logits, batch["input_ids"], batch["loss_mask"])}
 
     checkpointer = Checkpointer(stage, {"stage": stage, "seed": params.seed, **to_dict(cfg)}, [init_dir, train_file])
-    start_step, history, interval = 0, [], {"loss_sum": 0.0, "steps": 0}
-    if (checkpoint := checkpointer.load()) is not None:
-        restore_training_state(model, optimizer, scheduler, checkpoint)
-        set_rng_state(checkpoint["rng"])
-        start_step, history, interval = checkpoint["step"], checkpoint["history"], checkpoint["interval"]
-
     with atomic_output(model_dir(stage)) as out, stage_live(stage) as live:
-        for logged_step, metrics in history:
-            log_step(live, logged_step, metrics)
-        progress = tqdm(range(start_step, cfg.max_steps), desc=stage, initial=start_step, total=cfg.max_steps)
-        with stop_on_divergence(checkpointer):
-            for step in progress:
-                batch = {name: tensor.to(device) for name, tensor in batches[step].items()}
-                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-                loss = sft_loss(logits, batch["input_ids"], batch["loss_mask"])
-                grad_norm = guarded_step(model, optimizer, loss, cfg.grad_clip, f"{stage} step {step + 1}")
-                scheduler.step()
-                interval["loss_sum"] += loss.item()
-                interval["steps"] += 1
-
-                done = step + 1
-                if done % cfg.log_every == 0 or done == cfg.max_steps:
-                    metrics = {
-                        "loss": round(interval["loss_sum"] / interval["steps"], 6),
-                        "grad_norm": round(grad_norm.item(), 6),
-                        "lr": scheduler.get_last_lr()[0],
-                    }
-                    history.append((done, metrics))
-                    log_step(live, done, metrics)
-                    progress.set_postfix(loss=metrics["loss"])
-                    interval = {"loss_sum": 0.0, "steps": 0}
-                if done % cfg.save_every == 0 and done < cfg.max_steps:
-                    checkpointer.save(
-                        {
-                            "model": model.state_dict(),
-                            "optimizer": optimizer.state_dict(),
-                            "scheduler": scheduler.state_dict(),
-                            "rng": rng_state(),
-                            "step": done,
-                            "history": history,
-                            "interval": interval,
-                        }
-                    )
-            require_finite(model.state_dict(), f"{stage} after step {cfg.max_steps}, before saving the model")
+        fit(stage, model, cfg, step_metrics, checkpointer, live)
         live.make_summary()
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)

@@ -1,0 +1,72 @@
+"""The TRL leg of bench/dpo_vs_trl.py: TRL's DPOTrainer on the same model, pairs, batch size and loss.
+
+Runs in the virtual environment with TRL that the benches create; reads its settings as JSON from argv[1]
+and writes the measured optimizer-step times as JSON to argv[2]; the trained model goes to the settings'
+``output_dir`` for the bench to evaluate.
+"""
+
+import json
+import sys
+import time
+
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from trl import DPOConfig, DPOTrainer
+
+
+class StepTimer(TrainerCallback):
+    """Wall time of every optimizer step (with the reference's forward pass when it is not precomputed)."""
+
+    def __init__(self):
+        self.seconds: list[float] = []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.started = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.seconds.append(time.perf_counter() - self.started)
+
+
+def main(settings: dict, out: str) -> None:
+    torch.manual_seed(settings["seed"])
+    torch.set_num_threads(settings["threads"])
+    rows = [json.loads(line) for line in open(settings["train_file"])]
+    dataset = Dataset.from_list([{key: row[key] for key in ("prompt", "chosen", "rejected")} for row in rows])
+    tokenizer = AutoTokenizer.from_pretrained(settings["model"])
+    model = AutoModelForCausalLM.from_pretrained(settings["model"], dtype=torch.float32)
+    config = DPOConfig(
+        output_dir=settings["output_dir"],
+        max_steps=settings["steps"],
+        per_device_train_batch_size=settings["batch_size"],
+        gradient_accumulation_steps=1,
+        learning_rate=settings["lr"],
+        lr_scheduler_type="cosine",
+        warmup_steps=settings["warmup_steps"],
+        weight_decay=settings["weight_decay"],
+        max_grad_norm=1.0,
+        beta=settings["beta"],
+        loss_type=["sigmoid"],
+        precompute_ref_log_probs=settings["precompute_ref_log_probs"],
+        max_length=None,
+        use_cpu=True,
+        bf16=False,
+        seed=settings["seed"],
+        logging_steps=10,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        gradient_checkpointing=settings["gradient_checkpointing"],
+    )
+    timer = StepTimer()
+    trainer = DPOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=[timer])
+    trainer.train()
+    trainer.save_model(settings["output_dir"])
+    tokenizer.save_pretrained(settings["output_dir"])
+    with open(out, "w") as handle:
+        json.dump({"step_seconds": timer.seconds}, handle)
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]), sys.argv[2])

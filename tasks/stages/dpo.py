@@ -1,0 +1,182 @@
+"""Stages `dpo_reference` and `dpo`: offline preference optimisation on logged pairs (the DPO family).
+
+``dpo_reference`` computes the reference's summed log-probs of every chosen and rejected response of
+``artifacts/preferences`` once, from ``dpo.init`` alone, into a versioned artifact; ``dpo`` then optimises
+the loss ``dpo.loss`` (``tasks/rl/preference_losses.py``) from that same model, reading the reference's
+numbers instead of running the reference, so a change of beta or of the loss re-runs only the optimisation.
+The loop is ``tasks/common/training.py:fit`` (resumable, guarded against non-finite steps).
+
+Metrics: the training loss, implicit-reward accuracy and margin, the chosen and rejected responses'
+log-probs (a falling chosen log-prob is a known failure of DPO, likelihood displacement: the run warns),
+and at the end the held-out ``preference_accuracy``: the implicit reward margin is positive in the gold
+judge's order (``tasks/data/judge.py:preference_metrics``).
+"""
+
+import hashlib
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import PreTrainedModel
+
+from models import context_length, load_policy, load_reference, load_tokenizer, resolve_device
+from tasks.common.artifacts import PREFERENCES_DIR, atomic_output, model_dir, stage_dir, upstream_model
+from tasks.common.config import DPOConfig, Params, to_dict
+from tasks.common.errors import MissingUpstreamError
+from tasks.common.tracking import stage_live
+from tasks.common.training import Checkpointer, epoch_batch, fit, make_deterministic
+from tasks.data.datasets import DatasetError, PreferencePair, read_preferences
+from tasks.data.judge import preference_metrics
+from tasks.rl.preference import TokenizedPair, pack_pairs, pair_logprobs, reference_logprobs, tokenize_pairs
+from tasks.rl.preference_losses import PREFERENCE_LOSSES, preference_loss
+
+REFERENCE_DIR = stage_dir("dpo_reference")
+REFERENCE_FILE = REFERENCE_DIR / "logprobs.safetensors"
+SPLITS = ("train", "test")
+# The chosen log-prob may drift a little either way; a fall past this (nats per response) is worth a warning.
+CHOSEN_FALL_WARNING = 1.0
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _pairs(split: str) -> tuple[Path, list[PreferencePair]]:
+    source = PREFERENCES_DIR / f"{split}.jsonl"
+    return source, read_preferences(source)
+
+
+def run_reference(params: Params) -> None:
+    make_deterministic(params.seed)
+    init = upstream_model(params.dpo.init)
+    tokenizer, positions = load_tokenizer(init), context_length(init)
+    model = load_reference(init, resolve_device(params.device))
+    tensors, digests = {}, {}
+    for split in SPLITS:
+        source, pairs = _pairs(split)
+        tokenized = tokenize_pairs(pairs, tokenizer, source, positions)
+        chosen, rejected = reference_logprobs(model, tokenized, tokenizer.pad_token_id, params.eval.batch_size)
+        tensors |= {f"{split}.chosen": chosen.contiguous(), f"{split}.rejected": rejected.contiguous()}
+        digests[split] = _digest(source)
+    with atomic_output(REFERENCE_DIR) as out:
+        out.mkdir()
+        save_file(tensors, out / REFERENCE_FILE.name, metadata={"model": params.dpo.init, **digests})
+    print(f"dpo_reference: log-probs of {len(tensors['train.chosen'])} training pairs under {init}", flush=True)
+
+
+def _reference(split: str, source: Path, init: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's (chosen, rejected) log-probs of ``split``, checked to belong to these pairs and this model."""
+    if not REFERENCE_FILE.is_file():
+        raise MissingUpstreamError(f"{REFERENCE_FILE}: not there yet; run `alignflow stage dpo_reference` first")
+    with safe_open(REFERENCE_FILE, framework="pt") as stored:
+        if stored.metadata()["model"] != init or stored.metadata()[split] != _digest(source):
+            raise MissingUpstreamError(
+                f"{REFERENCE_FILE} holds the log-probs of other pairs or of another model than dpo.init={init!r}; "
+                "run `alignflow stage dpo_reference` again"
+            )
+        return stored.get_tensor(f"{split}.chosen"), stored.get_tensor(f"{split}.rejected")
+
+
+class PairScorer:
+    """The DPO family's loss on the pairs of a split, by row index, against the reference: its stored log-probs
+    (the dpo stage), or a frozen reference model run on every batch (how trainers without a reference pass work;
+    bench/dpo_vs_trl.py times both)."""
+
+    def __init__(
+        self,
+        cfg: DPOConfig,
+        pairs: list[TokenizedPair],
+        reference: tuple[torch.Tensor, torch.Tensor] | PreTrainedModel,
+        pad_id: int,
+    ):
+        self.cfg, self.pairs, self.pad_id, self.reference = cfg, pairs, pad_id, reference
+        self.needs_reference = PREFERENCE_LOSSES[cfg.loss].needs_reference
+
+    def _reference(self, rows: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if not self.needs_reference:
+            return None
+        if isinstance(self.reference, PreTrainedModel):
+            chosen, rejected = reference_logprobs(self.reference, [self.pairs[i] for i in rows], self.pad_id, len(rows))
+        else:
+            chosen, rejected = (values[rows] for values in self.reference)
+        return chosen.to(device), rejected.to(device)
+
+    def __call__(self, model: PreTrainedModel, rows: list[int]) -> tuple[torch.Tensor, ...]:
+        """(per-pair losses, chosen rewards, rejected rewards, chosen log-probs, rejected log-probs) of ``rows``."""
+        cfg = self.cfg
+        batch = pack_pairs([self.pairs[i] for i in rows], self.pad_id)
+        scored = pair_logprobs(model, batch, self._reference(rows, model.device))
+        losses, chosen, rejected = preference_loss(
+            cfg.loss, scored, cfg.beta, cfg.label_smoothing, cfg.simpo_gamma, cfg.sft_weight
+        )
+        return losses, chosen, rejected, scored.chosen.detach(), scored.rejected.detach()
+
+
+def _chosen_trend(history: list[tuple[int, dict[str, float]]]) -> float:
+    """How far the chosen responses' log-prob moved from the first logged interval to the last (nats)."""
+    return history[-1][1]["chosen_logp"] - history[0][1]["chosen_logp"]
+
+
+def run(params: Params) -> None:
+    cfg = params.dpo
+    make_deterministic(params.seed)
+    init = upstream_model(cfg.init)
+    device = resolve_device(params.device)
+    tokenizer, positions = load_tokenizer(init), context_length(init)
+    scorers = {}
+    for split in SPLITS:
+        source, pairs = _pairs(split)
+        tokenized = tokenize_pairs(pairs, tokenizer, source, positions)
+        scorers[split] = (
+            pairs,
+            PairScorer(cfg, tokenized, _reference(split, source, cfg.init), tokenizer.pad_token_id),
+        )
+    train_pairs, score_train = scorers["train"]
+    if len(train_pairs) < cfg.batch_size:
+        raise DatasetError(
+            f"{PREFERENCES_DIR / 'train.jsonl'}: {len(train_pairs)} pairs, fewer than dpo.batch_size={cfg.batch_size}"
+        )
+    model = load_policy(init, device)
+    model.train()
+
+    def step_metrics(step: int) -> dict[str, torch.Tensor]:
+        rows = epoch_batch(len(train_pairs), cfg.batch_size, step, params.seed)
+        losses, chosen, rejected, chosen_logp, rejected_logp = score_train(model, rows)
+        return {
+            "loss": losses.mean(),
+            "accuracy": (chosen > rejected).float().mean(),
+            "margin": (chosen - rejected).mean(),
+            "chosen_logp": chosen_logp.mean(),
+            "rejected_logp": rejected_logp.mean(),
+        }
+
+    checkpointer = Checkpointer(
+        "dpo", {"stage": "dpo", "seed": params.seed, **to_dict(cfg)}, [init, PREFERENCES_DIR, REFERENCE_DIR]
+    )
+    with atomic_output(model_dir("dpo")) as out, stage_live("dpo") as live:
+        history = fit("dpo", model, cfg, step_metrics, checkpointer, live)
+        model.eval()
+        test_pairs, score_test = scorers["test"]
+        with torch.no_grad():
+            scored = [
+                score_test(model, list(range(start, min(start + cfg.batch_size, len(test_pairs)))))
+                for start in range(0, len(test_pairs), cfg.batch_size)
+            ]
+        chosen, rejected = (torch.cat([part[column] for part in scored]).cpu() for column in (1, 2))
+        held_out = preference_metrics(chosen, rejected, test_pairs)
+        for name, value in held_out.items():
+            live.summary[f"heldout/{name}"] = round(value, 6)
+        live.summary["preference_accuracy"] = round(held_out.get("accuracy", held_out["label_accuracy"]), 6)
+        live.summary["chosen_logp_change"] = round(_chosen_trend(history), 6)
+        live.make_summary()
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    checkpointer.clear()
+    if _chosen_trend(history) < -CHOSEN_FALL_WARNING:
+        print(
+            f"WARNING dpo: the chosen responses' log-prob fell {-_chosen_trend(history):.2f} nats over training "
+            "(likelihood displacement: both responses are pushed down); dpo.sft_weight > 0 holds it up",
+            flush=True,
+        )
+    print(f"dpo: held-out preference_accuracy={live.summary['preference_accuracy']:.3f}", flush=True)

@@ -1,0 +1,95 @@
+"""The offline-to-online pipeline end to end on a tiny configuration: pairs -> reference log-probs -> offline DPO
+-> online DPO -> eval, what DVC re-runs when a knob changes, and resumption."""
+
+import json
+import subprocess
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from models import load_tokenizer
+from tasks.data.datasets import read_preferences
+from tasks.data.judge import preference_metrics
+from tasks.rl.preference import pack_pairs, pair_logprobs, tokenize_pairs
+from tasks.rl.preference_losses import preference_loss
+from tests.conftest import ENV, dvc, make_project, repro, resume_after_kill, stages_run
+
+pytestmark = pytest.mark.slow
+
+STAGES = {
+    *("data", "base", "sft_cold", "preferences", "dpo_reference", "dpo", "online_dpo"),
+    *("eval@base", "eval@sft_cold", "eval@dpo", "eval@online_dpo"),
+}
+
+
+@pytest.fixture(scope="module")
+def o2o(tmp_path_factory) -> dict:
+    path = make_project(tmp_path_factory.mktemp("o2o"))
+    output = repro(path, "offline_to_online")
+    return {"path": path, "output": output, "weights": (path / "artifacts/dpo/model.safetensors").read_bytes()}
+
+
+def _report(path) -> dict:
+    result = subprocess.run(["alignflow", "report", "--json"], cwd=path, env=ENV, capture_output=True, text=True)
+    return json.loads(result.stdout)
+
+
+def test_the_pipeline_runs_every_stage_and_reports_each_models_gold_reward_and_the_dip(o2o):
+    path = o2o["path"]
+    assert stages_run(o2o["output"]) == STAGES
+    report = _report(path)
+    for model in ("sft_cold", "dpo", "online_dpo"):
+        assert {"gold_reward", "pass@1"} <= set(report[model]), model
+    online = report["online_dpo"]
+    assert online["dip"] >= 0 and (online["recovery_iterations"] is None or online["recovery_iterations"] >= 0)
+    monitored = {f"train/{name}" for name in ("preference_loss", "gold_reward", "kl", "entropy", "logprob_parity")}
+    assert monitored | {"time/generate", "time/train"} <= set(online)
+    # held-out gold reward before the first iteration (0) and every heldout_every=2 iterations
+    heldout = (path / "metrics/online_dpo/plots/metrics/train/heldout/gold_reward.tsv").read_text().splitlines()
+    assert [line.split("\t")[0] for line in heldout[1:]] == ["0", "2", "4"]
+
+
+def test_the_reported_preference_accuracy_is_the_dpo_models_implicit_reward_order_against_the_judge(o2o):
+    path = o2o["path"]
+    model = AutoModelForCausalLM.from_pretrained(path / "artifacts/dpo").eval()
+    tokenizer = load_tokenizer(path / "artifacts/dpo")
+    pairs = read_preferences(path / "artifacts/preferences/test.jsonl")
+    reference = load_file(path / "artifacts/dpo_reference/logprobs.safetensors")
+    tokenized = tokenize_pairs(pairs, tokenizer, "test.jsonl", 128)
+    with torch.no_grad():
+        scored = pair_logprobs(
+            model, pack_pairs(tokenized, tokenizer.pad_token_id), (reference["test.chosen"], reference["test.rejected"])
+        )
+        _, chosen, rejected = preference_loss("dpo", scored, beta=0.1)
+    expected = preference_metrics(chosen, rejected, pairs)["accuracy"]
+    assert _report(path)["dpo"]["preference_accuracy"] == pytest.approx(expected, abs=1e-5)
+
+
+def test_dpo_killed_mid_run_resumes_to_identical_weights(o2o):
+    output = resume_after_kill("dpo", o2o["path"])
+    assert "resuming from the checkpoint at step 4" in output
+    assert (o2o["path"] / "artifacts/dpo/model.safetensors").read_bytes() == o2o["weights"]
+
+
+def test_changing_beta_reruns_the_optimisation_and_not_the_reference_pass(o2o):
+    path = o2o["path"]
+    params = (path / "params.yaml").read_text()
+    (path / "params.yaml").write_text(params.replace("  beta: 0.1\n", "  beta: 0.2\n", 1))  # dpo's, the first
+    status = dvc(path, "status", "dpo", "dpo_reference")
+    assert status.startswith("dpo:\n") and "dpo_reference:" not in status
+    assert stages_run(repro(path, "offline_to_online")) == {"dpo", "eval@dpo", "online_dpo", "eval@online_dpo"}
+
+
+def test_the_online_stage_can_run_grpo_from_the_dpo_checkpoint_instead(o2o):
+    result = subprocess.run(
+        ["alignflow", "stage", "online_dpo", "online_dpo.update=policy_gradient"],
+        cwd=o2o["path"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    train = json.loads((o2o["path"] / "metrics/online_dpo/metrics.json").read_text())["train"]
+    assert "policy_loss" in train and "preference_loss" not in train
