@@ -14,8 +14,9 @@ from tasks.common.training import make_deterministic
 from tasks.data.problems import Example
 from tasks.rl.online_preference import learn_preferences, preference_roles
 from tasks.rl.sequences import pack_text
-from tasks.rl.trainer import HELDOUT, LoopState, collect, dip_and_recovery
+from tasks.rl.trainer import HELDOUT, LoopState, Rollout, alarms, collect, dip_and_recovery
 from tasks.rl.workers import ActorWorker, place
+from tasks.rollout.engine import Completion
 from tasks.stages import online_dpo
 from tests.conftest import tiny_model
 from tests.test_rl_loop import DigitScorer, new_clock
@@ -140,3 +141,17 @@ def test_the_dip_is_never_negative_and_recovery_is_a_probe_at_or_above_the_start
     if recovery:
         value = dict(history)[recovery][HELDOUT]
         assert value >= values[0] and dip == pytest.approx(values[0] - min(values[: recovery // 10]))
+
+
+def test_a_rollout_of_ties_makes_no_pairs_no_update_and_no_alarm(model_dir, one_thread):
+    cfg = replace(_online_dpo_defaults(), group_size=2, dynamic_sampling=False)
+    roles = place(Params(seed=SEED, device="cpu"), cfg, model_dir, [], preference_roles(cfg))
+    before = roles["actor"].call("weights").result()
+    completions = [Completion(0, [5, 6], "ab", [-1.0, -1.0]), Completion(0, [7], "c", [-1.0])]
+    example = Example("arithmetic", "1+2=", "3", "")
+    rollout = Rollout([example, example], completions, torch.tensor([0.5, 0.5]), {}, {})
+    metrics = learn_preferences(roles, rollout, load_tokenizer(model_dir), cfg, LoopState(), new_clock())
+    assert metrics == {"pairs": 0.0}
+    after = roles["actor"].call("weights").result()
+    assert all(torch.equal(before[name], after[name]) for name in before)
+    assert alarms([(1, {"reward": 0.5, **metrics})], cfg) == []

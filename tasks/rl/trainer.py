@@ -17,6 +17,11 @@ One iteration, top to bottom:
 6. control: β follows the adaptive KL controller toward ``kl_target`` (or stays fixed); every
    ``ref_reset_every`` iterations the reference becomes the current policy.
 
+Steps 3-5 are the policy-gradient ``Learner``; a stage may hand ``train`` another (``online_dpo``'s
+preference update, ``tasks/rl/online_preference.py``), which reuses the rollout, scoring, monitoring and
+checkpoints. With ``heldout_every``, the policy is also sampled on a fixed held-out slice before the first
+iteration and every ``heldout_every`` after (``heldout/gold_reward``; ``dip`` and ``recovery_iterations``).
+
 The gold judge (hidden from training) scores every rollout too, so reward hacking shows as the
 reward rising while the gold reward falls. A checkpoint every ``save_every`` iterations holds the
 trained models and optimizers, the reference when it has been reset, β, reward statistics, RNG,
@@ -344,7 +349,7 @@ def alarms(history: list[tuple[int, dict[str, float]]], cfg: RLConfig) -> list[s
     found = []
     if latest.get("kl", 0.0) > cfg.kl_budget:
         found.append(f"KL to the reference {latest['kl']:.2f} is over kl_budget={cfg.kl_budget}")
-    if latest["entropy"] < cfg.entropy_floor:
+    if latest.get("entropy", cfg.entropy_floor) < cfg.entropy_floor:  # an update that had no pairs logs none
         found.append(f"entropy {latest['entropy']:.3f} collapsed below entropy_floor={cfg.entropy_floor}")
     if len(history) >= 2 * HACKING_WINDOW:
         recent, before = history[-HACKING_WINDOW:], history[-2 * HACKING_WINDOW : -HACKING_WINDOW]
