@@ -266,7 +266,7 @@ class DPOConfig(OptimizationConfig, PreferenceLossConfig):
         "from sft (20 000) there is almost nothing left at this model size.",
     )
     # Measured on the default task (held-out gold reward from sft_cold's 0.566): dpo alone for 300 steps at 1e-4
-    # gained 0.009, with sft_weight 1 0.018; 1500 steps at 2e-4 with sft_weight 2 gained 0.059 (README).
+    # lost 0.041, with sft_weight 1 it gained 0.018; 1500 steps at 2e-4 with sft_weight 2 gained 0.059 (README).
     lr: float = param(2e-4, "Peak AdamW learning rate.", gt=0)
     warmup_steps: int = param(20, "Linear warm-up steps before cosine decay.", ge=0)
     max_steps: int = param(1500, "Optimizer steps.", ge=1)

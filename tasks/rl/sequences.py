@@ -49,14 +49,21 @@ class PackedBatch:
         )
 
 
+# Rows run in this many groups of similar response length, each padded only to its own longest response:
+# on the default task a batch's longest response is a third longer than its mean (28 of 38 tokens are real).
+RESPONSE_BUCKETS = 4
+
+
 def shared_prompt_logits(model: PreTrainedModel, batch: PackedBatch) -> torch.Tensor:
     """(B, T, V): ``model``'s logits predicting each response token, each distinct prompt computed once.
 
-    The G responses of a group share one prompt: it runs once, its KV cache is gathered for each of
-    its rows (gradients flow back through the gather) and only the responses run per row. The same
-    numbers as one forward pass over every row, for about a third less compute at G = 8 on the
-    default task, whose prompts are 40% of a row's tokens. Without a shared prompt (or with gradient
-    checkpointing, which drops the cache) it is that pass.
+    Responses that share a prompt (a GRPO group, a preference pair) share its forward pass: it runs once,
+    its KV cache is gathered for each of its rows (gradients flow back through the gather) and only the
+    responses run per row, in ``RESPONSE_BUCKETS`` groups of similar length, each padded to its own
+    longest. The same numbers as one forward pass over every row (up to float rounding), for about a third
+    less compute at G = 8 on the default task, whose prompts are 40% of a row's tokens. Without a shared
+    prompt (or with gradient checkpointing, which drops the cache) it is that pass; the logits past a row's
+    response are zeros.
     """
     width = batch.prompt_width
     prompt_columns = torch.cat([batch.input_ids[:, :width], batch.attention_mask[:, :width]], -1)
@@ -67,25 +74,36 @@ def shared_prompt_logits(model: PreTrainedModel, batch: PackedBatch) -> torch.Te
     rows = torch.arange(len(prompt_of_row), device=prompt_of_row.device)
     first_row = torch.full((len(distinct),), len(rows), device=rows.device)
     first_row = first_row.scatter_reduce(0, prompt_of_row, rows, reduce="amin")
-    cache = DynamicCache(config=model.config)
+    prompts = DynamicCache(config=model.config)
     last_prompt_logits = model(
         input_ids=batch.input_ids[first_row, :width],
         attention_mask=batch.attention_mask[first_row, :width],
         position_ids=batch.position_ids[first_row, :width],
-        past_key_values=cache,
+        past_key_values=prompts,
         use_cache=True,
         logits_to_keep=1,
     ).logits
-    cache.batch_select_indices(prompt_of_row)
-    response_logits = model(
-        input_ids=batch.input_ids[:, width:],
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids[:, width:],
-        past_key_values=cache,
-        use_cache=True,
-    ).logits
-    # the last prompt position predicts response token 0; response position t predicts token t + 1
-    return torch.cat([last_prompt_logits[prompt_of_row], response_logits[:, :-1]], dim=1)
+    lengths = batch.response_mask.sum(-1).long().clamp(min=1)
+    order = torch.argsort(lengths, stable=True)
+    parts = []
+    for bucket in order.tensor_split(RESPONSE_BUCKETS):
+        if len(bucket) == 0:
+            continue
+        longest = int(lengths[bucket].max())
+        cache = DynamicCache(config=model.config)
+        for index, layer in enumerate(prompts.layers):
+            cache.update(layer.keys[prompt_of_row[bucket]], layer.values[prompt_of_row[bucket]], index)
+        logits = model(
+            input_ids=batch.input_ids[bucket, width : width + longest],
+            attention_mask=batch.attention_mask[bucket, : width + longest],
+            position_ids=batch.position_ids[bucket, width : width + longest],
+            past_key_values=cache,
+            use_cache=True,
+        ).logits
+        # the last prompt position predicts response token 0; response position t predicts token t + 1
+        logits = torch.cat([last_prompt_logits[prompt_of_row[bucket]], logits[:, :-1]], dim=1)
+        parts.append(torch.nn.functional.pad(logits, (0, 0, 0, batch.response_mask.shape[1] - longest)))
+    return torch.cat(parts)[torch.argsort(order)]
 
 
 def response_logprobs(
