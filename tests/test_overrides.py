@@ -34,7 +34,16 @@ def test_every_param_but_placement_is_in_the_form_with_its_description():
 
 @pytest.mark.parametrize(
     "bad",
-    [{"sft": {"lr": -1}}, {"sft": {"batch_size": 0}}, {"task": {"name": "sudoku"}}, {"sft": {"lrr": 1}}, {"x": 1}],
+    [
+        {"sft": {"lr": -1}},
+        {"sft": {"batch_size": 0}},
+        {"task": {"name": "sudoku"}},
+        {"sft": {"lrr": 1}},
+        {"x": 1},
+        {"dpo": {"label_smoothing": 0.5}},
+        {"dpo": {"loss": "kto"}},
+        {"online_dpo": {"sync_every": 0}},
+    ],
 )
 def test_the_form_rejects_what_the_cli_rejects(bad):
     with pytest.raises(pydantic.ValidationError):
