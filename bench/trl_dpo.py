@@ -7,25 +7,12 @@ and writes the measured optimizer-step times as JSON to argv[2]; the trained mod
 
 import json
 import sys
-import time
 
 import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import DPOConfig, DPOTrainer
-
-
-class StepTimer(TrainerCallback):
-    """Wall time of every optimizer step (with the reference's forward pass when it is not precomputed)."""
-
-    def __init__(self):
-        self.seconds: list[float] = []
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self.started = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.seconds.append(time.perf_counter() - self.started)
+from trl_timer import StepTimer
 
 
 def main(settings: dict, out: str) -> None:

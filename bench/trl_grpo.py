@@ -8,12 +8,12 @@ in the alignflow leg: accuracy and format.
 
 import json
 import sys
-import time
 
 import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
+from trl_timer import StepTimer
 
 from tasks.data.problems import Example, score_response
 
@@ -28,19 +28,6 @@ def accuracy(prompts, completions, **rows) -> list[float]:
 
 def format_reward(prompts, completions, **rows) -> list[float]:
     return [float(score_response(_example(prompts, rows, i), c)[0]) for i, c in enumerate(completions)]
-
-
-class StepTimer(TrainerCallback):
-    """Wall time of every optimizer step (its generation included)."""
-
-    def __init__(self):
-        self.seconds: list[float] = []
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self.started = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.seconds.append(time.perf_counter() - self.started)
 
 
 def main(settings: dict, out: str) -> None:

@@ -151,6 +151,18 @@ def resume_after_kill(stage: str, project: Path) -> str:
     return resumed.stdout + resumed.stderr
 
 
+@pytest.fixture
+def one_thread():
+    """The tiny model's ops are too small to split across threads: with one thread the toy GRPO run takes about
+    0.25 s; with two it took 5-25 s on 2 cores another job was also using."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def tiny_model(path: Path) -> Path:
     """A tiny random Llama and the character tokenizer saved in HF format at ``path``."""
     from models import build_char_tokenizer, build_tiny_llama

@@ -29,14 +29,6 @@ def model_dir(tmp_path_factory):
     return tiny_model(tmp_path_factory.mktemp("tiny"))
 
 
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_the_online_stage_runs_exactly_the_learners_its_params_may_name():
     assert set(online_dpo.LEARNERS) == set(LEARNERS)
 

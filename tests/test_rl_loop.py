@@ -29,16 +29,6 @@ def model_dir(tmp_path_factory):
     return tiny_model(tmp_path_factory.mktemp("tiny"))
 
 
-@pytest.fixture
-def one_thread():
-    """The tiny model's ops are too small to split across threads: with one thread the toy GRPO run takes about
-    0.25 s; with two it took 5-25 s on 2 cores another job was also using."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def new_clock() -> dict[str, float]:
     return dict.fromkeys(("time/generate", "time/score", "time/train"), 0.0)
 
