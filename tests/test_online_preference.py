@@ -16,7 +16,7 @@ from tasks.rl.online_preference import learn_preferences, preference_roles
 from tasks.rl.sequences import pack_text
 from tasks.rl.trainer import HELDOUT, LoopState, Rollout, alarms, collect, dip_and_recovery
 from tasks.rl.workers import ActorWorker, place
-from tasks.rollout.engine import Completion
+from tasks.rollout.engine import Completion, Sampling
 from tasks.stages import online_dpo
 from tests.conftest import tiny_model
 from tests.test_rl_loop import DigitScorer, new_clock
@@ -147,3 +147,14 @@ def test_a_rollout_of_ties_makes_no_pairs_no_update_and_no_alarm(model_dir, one_
     after = roles["actor"].call("weights").result()
     assert all(torch.equal(before[name], after[name]) for name in before)
     assert alarms([(1, {"reward": 0.5, **metrics})], cfg) == []
+
+
+def test_the_held_out_probe_draws_from_its_own_seed_and_leaves_trainings_random_state_alone(model_dir, one_thread):
+    actor = ActorWorker(Params(seed=SEED, device="cpu"), _online_dpo_defaults(), model_dir)
+    sampling = Sampling(8, n=2, temperature=1.0)
+    before = torch.get_rng_state()
+    first = actor.sample_current(["1+2=", "3+4="], sampling, seed=7)
+    assert torch.equal(torch.get_rng_state(), before)
+    again = actor.sample_current(["1+2=", "3+4="], sampling, seed=7)
+    other = actor.sample_current(["1+2=", "3+4="], sampling, seed=8)
+    assert [c.token_ids for c in first] == [c.token_ids for c in again] != [c.token_ids for c in other]

@@ -66,12 +66,16 @@ MALFORMED_CONFIGS = [
     (["online_dpo.loss=nosuch"], "online_dpo.loss: must be one of"),
     (["online_dpo.sync_every=0"], "online_dpo.sync_every: must be >= 1"),
     (["online_dpo.update=ppo"], "online_dpo.update: must be one of preference, policy_gradient"),
-    (["online_dpo.group_size=1"], "online_dpo.group_size: the preference update pairs the responses of a prompt"),
+    (
+        ["online_dpo.group_size=1", "online_dpo.dynamic_sampling=false"],
+        "online_dpo.group_size: the preference update pairs the responses of a prompt",
+    ),
     (["online_dpo.rewards={reward_model: 1.0}"], "online_dpo.rewards.reward_model: the online_dpo stage does not read"),
     (["grpo.rewards={reward_model: 1.0}"], "grpo.rewards.reward_model: the grpo stage does not read"),
     (["dpo.init=dpo"], "dpo.init: not a model trained before dpo"),
     (["dpo.init=online_dpo"], "dpo.init: not a model trained before dpo"),
     (["online_dpo.init=online_dpo"], "online_dpo.init: not a model trained before online_dpo"),
+    (["online_dpo.ref_reset_every=5"], "online_dpo.ref_reset_every: the preference update keeps its reference fixed"),
 ]
 
 
@@ -253,3 +257,10 @@ def test_help_explains_the_stages_and_commands(capsys):
     text = capsys.readouterr().out
     for word in ("dvc repro", "data", "base", "sft", "eval@MODEL", "stage", "report"):
         assert word in text
+
+
+def test_a_reward_model_weighted_zero_is_no_reward_model_in_a_stage_that_does_not_read_one(project):
+    from tasks.common.params import load_params
+
+    params = load_params(overrides=["grpo.rewards={accuracy: 1.0, reward_model: 0.0}"])
+    assert params.grpo.rewards["reward_model"] == 0.0

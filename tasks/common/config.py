@@ -27,10 +27,11 @@ class ConfigError(ValueError):
 
 
 def param(default: Any, help: str, **checks: Any) -> Any:
-    """A documented field. ``checks``: gt, ge, le (numbers; ``why`` says what a larger value would cost), choices,
-    chars (allowed characters), or
-    registered: the name of a registry in ``tasks/rl/core_algos.py`` whose keys are the choices (plus
-    ``extra_choices``), so a new estimator or loss is one registered function and no edit here."""
+    """A documented field. ``checks``: gt, ge, lt, le (numbers; ``why`` says what a larger value would cost),
+    choices, chars (allowed characters), or
+    registered: the name of a registry in ``tasks/rl/core_algos.py`` or ``tasks/rl/preference_losses.py`` whose
+    keys are the choices (plus ``extra_choices``), so a new estimator or loss is one registered function and no
+    edit here."""
     return field(default=default, metadata={"help": help, **checks})
 
 
@@ -373,8 +374,9 @@ class RLConfig:
     entropy_floor: float = param(0.05, "Warn when mean token entropy falls below this (collapse).", ge=0)
     sync_every: int = param(
         1,
-        "Refresh the rollout engine's weights every N actor updates: 1 samples from the current policy (fully "
-        "online); larger samples from a policy up to N - 1 updates old (semi-online; the policy-gradient update "
+        "Refresh the rollout engine's weights every N actor optimizer steps (a preference iteration takes one at "
+        "the defaults, a policy-gradient one epochs x minibatches): 1 samples from the current policy (fully "
+        "online); larger samples from a policy up to N - 1 steps old (semi-online; the policy-gradient update "
         "then takes the sampling policy's own log-probs as pi_old).",
         ge=1,
     )
@@ -414,8 +416,9 @@ class OnlineDPOConfig(RLConfig, PreferenceLossConfig):
     """Online (and semi-online) preference optimisation, the RL loop with a preference update: each iteration
     samples ``group_size`` responses per prompt, scores them with ``rewards``, pairs each group's best with its
     worst (a group of ties makes no pair; dynamic sampling refills) and takes ``loss`` against the fixed
-    reference, the policy it starts from (iterative DPO's anchor). ``update: policy_gradient`` runs the GRPO/PPO
-    update of these same params from the same start instead."""
+    reference, the policy it starts from (iterative DPO's anchor), with log-probs at the rollout ``temperature``
+    (1, as offline, by default). ``update: policy_gradient`` runs the GRPO/PPO update of these same params from
+    the same start instead."""
 
     init: str = param("dpo", "The policy to start from, and the reference: the offline DPO checkpoint.")
     update: str = param(

@@ -160,14 +160,20 @@ def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
     if cfg.group_size < 2 and (compares_group or cfg.dynamic_sampling):
         why = f"advantage={cfg.advantage}" if compares_group else "dynamic sampling"
         yield f"{name}.group_size: {why} compares the responses of a prompt, needs >= 2, got {cfg.group_size}"
-    if isinstance(cfg, OnlineDPOConfig) and cfg.update == "preference" and cfg.group_size < 2:
-        yield f"{name}.group_size: the preference update pairs the responses of a prompt, needs >= 2, got 1"
+    if isinstance(cfg, OnlineDPOConfig) and cfg.update == "preference":
+        if cfg.group_size < 2 and not cfg.dynamic_sampling:  # dynamic sampling's own error says the same
+            yield f"{name}.group_size: the preference update pairs the responses of a prompt, needs >= 2, got 1"
+        if cfg.ref_reset_every is not None:
+            yield (
+                f"{name}.ref_reset_every: the preference update keeps its reference fixed (the policy it starts "
+                f"from, as iterative DPO does); null, got {cfg.ref_reset_every}"
+            )
     # A stage reads the reward model only when dvc.yaml says so (its kind reads reward_model).
     reads_reward_model = any(
         "reward_model" in kind.reads for kind, section in stage_kinds().values() if section == name
     )
     built_in = (*rewards.BUILT_IN, rewards.REWARD_MODEL)
-    if not reads_reward_model and rewards.REWARD_MODEL in cfg.rewards:
+    if not reads_reward_model and cfg.rewards.get(rewards.REWARD_MODEL):
         yield (
             f"{name}.rewards.{rewards.REWARD_MODEL}: the {name} stage does not read the reward model (its dvc.yaml "
             "stage has no artifacts/reward_model dependency); use a stage that does (ppo, grpo_final)"

@@ -264,19 +264,20 @@ def learn(
     )
     mask = batch.response_mask
     engine_logprobs = sampled_logprobs(rollout.completions, mask)
-    # Semi-online, the engine sampled with older weights: π_old is that policy, whose log-probs it reported.
     # One update per rollout: π_old is the actor as it is, and the update's own forward pass gives its
     # log-probs; a pass beforehand would compute the same numbers (unless the KL is in the reward, which
-    # needs them before the advantages).
-    single_update = updates_per_rollout(len(mask), cfg) == 1 and not cfg.kl_in_reward
-    skip_pass = cfg.sync_every > 1 or single_update
+    # needs them before the advantages). Semi-online, the engine sampled with older weights: π_old is that
+    # policy, whose log-probs the engine reported, and the actor's own pass measures parity and KL.
+    semi_online = cfg.sync_every > 1
+    single_update = updates_per_rollout(len(mask), cfg) == 1 and not cfg.kl_in_reward and not semi_online
     pending = {
         name: roles[role].call(method, batch)
         for name, role, method in _PASSES
-        if role in roles and not (skip_pass and name == "logprobs")
+        if role in roles and not (single_update and name == "logprobs")
     }
     out = {name: call.result() for name, call in pending.items()}
-    old_logprobs = engine_logprobs if cfg.sync_every > 1 else out.get("logprobs")
+    current_logprobs = out.get("logprobs")
+    old_logprobs = engine_logprobs if semi_online else current_logprobs
     ref_logprobs, values = out.get("ref_logprobs"), out.get("values")
     passed = time.perf_counter()
     clock["time/score"] += passed - started
@@ -294,7 +295,7 @@ def learn(
         metrics |= critic_update.result()
     clock["time/train"] += time.perf_counter() - passed
 
-    metrics |= policy_metrics(engine_logprobs, old_logprobs, ref_logprobs, mask)
+    metrics |= policy_metrics(engine_logprobs, current_logprobs if semi_online else old_logprobs, ref_logprobs, mask)
     if ref_logprobs is not None:
         metrics["kl_coef"] = state.kl_coef
     if values is not None:
@@ -369,11 +370,12 @@ def alarms(history: list[tuple[int, dict[str, float]]], cfg: RLConfig) -> list[s
     return found
 
 
-def heldout_gold_reward(roles: dict[str, Worker], examples: list[Example], cfg: RLConfig) -> float:
-    """The current policy's mean gold reward on ``examples``, sampled as the rollouts are."""
+def heldout_gold_reward(roles: dict[str, Worker], examples: list[Example], cfg: RLConfig, seed: int) -> float:
+    """The current policy's mean gold reward on ``examples``, sampled as the rollouts are, from its own ``seed``
+    (the probe leaves the run's random streams, and so its training, as they were)."""
     sampling = Sampling(cfg.max_new_tokens, n=cfg.group_size, temperature=cfg.temperature)
-    completions = roles["actor"].call("sample_current", [e.prompt for e in examples], sampling).result()
-    return sum(gold_utility(examples[c.prompt_index], c.text) for c in completions) / len(completions)
+    completions = roles["actor"].call("sample_current", [e.prompt for e in examples], sampling, seed).result()
+    return float(f"{sum(gold_utility(examples[c.prompt_index], c.text) for c in completions) / len(completions):.6g}")
 
 
 def dip_and_recovery(history: list[tuple[int, dict[str, float]]]) -> tuple[float, int | None]:
@@ -440,7 +442,7 @@ def train(
             log_step(live, logged_step, metrics)
         heldout = read_examples(DATA_DIR / "test.jsonl")[: cfg.heldout_prompts] if cfg.heldout_every else []
         if heldout and state.step == 0:
-            state.history.append((0, {HELDOUT: round(heldout_gold_reward(roles, heldout, cfg), 6)}))
+            state.history.append((0, {HELDOUT: heldout_gold_reward(roles, heldout, cfg, params.seed)}))
             log_step(live, 0, state.history[-1][1])
         progress = tqdm(range(state.step, cfg.steps), desc=stage, initial=state.step, total=cfg.steps)
         raised: set[str] = set()
@@ -452,7 +454,7 @@ def train(
                 if rollout is not None:
                     metrics |= rollout_metrics(rollout) | learner.learn(roles, rollout, tokenizer, cfg, state, clock)
                 if heldout and ((step + 1) % cfg.heldout_every == 0 or step + 1 == cfg.steps):
-                    metrics[HELDOUT] = heldout_gold_reward(roles, heldout, cfg)
+                    metrics[HELDOUT] = heldout_gold_reward(roles, heldout, cfg, params.seed + step + 1)
             except NonFiniteError as error:  # raised by a role (maybe on a Ray actor) that does not know the step
                 raise NonFiniteError(f"{stage} step {step + 1}: {cause(error)}") from None
             if cfg.kl_target is not None and "kl" in metrics:

@@ -108,9 +108,13 @@ class ActorWorker(_TrainedRole):
         sampling = Sampling(self.cfg.max_new_tokens, n=self.cfg.group_size, temperature=self.cfg.temperature)
         return self.engine.generate(prompts, sampling)
 
-    def sample_current(self, prompts: list[str], sampling: Sampling) -> list[Completion]:
-        """Samples of the policy as it is now (a semi-online engine may lag it), for held-out evaluation."""
-        return HFEngine(self.model, self.tokenizer, self.batch_size).generate(prompts, sampling)
+    def sample_current(self, prompts: list[str], sampling: Sampling, seed: int) -> list[Completion]:
+        """Samples of the policy as it is now (a semi-online engine may lag it), for held-out evaluation, drawn
+        from ``seed`` without touching the random state training draws from."""
+        devices = [self.model.device] if self.model.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            return HFEngine(self.model, self.tokenizer, self.batch_size).generate(prompts, sampling)
 
     def _took_steps(self, steps: int) -> None:
         """Count ``steps`` optimizer steps and sync the engine once ``sync_every`` have passed since the last sync."""
