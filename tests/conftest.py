@@ -128,6 +128,14 @@ def repro(path: Path, pipeline: str = "sft") -> str:
     return dvc(path, "repro", *PIPELINES[pipeline].targets)
 
 
+def report_json(path: Path) -> dict:
+    """`alignflow report --json` of the project at ``path``."""
+    import json
+
+    result = subprocess.run(["alignflow", "report", "--json"], cwd=path, env=ENV, capture_output=True, text=True)
+    return json.loads(result.stdout)
+
+
 def kill_at_first_checkpoint(command: list[str], cwd: Path, checkpoints: Path) -> None:
     """Run ``command`` and SIGKILL its whole process group as soon as a checkpoint appears under ``checkpoints``."""
     run = subprocess.Popen(

@@ -14,7 +14,7 @@ from tasks.data.datasets import read_preferences
 from tasks.data.judge import preference_metrics
 from tasks.rl.preference import pack_pairs, pair_logprobs, tokenize_pairs
 from tasks.rl.preference_losses import preference_loss
-from tests.conftest import ENV, dvc, make_project, repro, resume_after_kill, stages_run
+from tests.conftest import ENV, dvc, make_project, report_json, repro, resume_after_kill, stages_run
 
 pytestmark = pytest.mark.slow
 
@@ -34,15 +34,10 @@ def o2o(tmp_path_factory) -> dict:
     return {"path": path, "output": output, "weights": (path / "artifacts/dpo/model.safetensors").read_bytes()}
 
 
-def _report(path) -> dict:
-    result = subprocess.run(["alignflow", "report", "--json"], cwd=path, env=ENV, capture_output=True, text=True)
-    return json.loads(result.stdout)
-
-
 def test_the_pipeline_runs_every_stage_and_reports_each_models_gold_reward_and_the_dip(o2o):
     path = o2o["path"]
     assert stages_run(o2o["output"]) == STAGES
-    report = _report(path)
+    report = report_json(path)
     for model in ("sft_cold", "dpo", "online_dpo"):
         assert {"gold_reward", "pass@1"} <= set(report[model]), model
     online = report["online_dpo"]
@@ -67,7 +62,7 @@ def test_the_reported_preference_accuracy_is_the_dpo_models_implicit_reward_orde
         )
         _, chosen, rejected = preference_loss("dpo", scored, beta=0.1)
     expected = preference_metrics(chosen, rejected, pairs)["accuracy"]
-    assert _report(path)["dpo"]["preference_accuracy"] == pytest.approx(expected, abs=1e-5)
+    assert report_json(path)["dpo"]["preference_accuracy"] == pytest.approx(expected, abs=1e-5)
 
 
 def test_dpo_killed_mid_run_resumes_to_identical_weights(o2o):

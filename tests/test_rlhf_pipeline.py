@@ -1,7 +1,6 @@
 """The RLHF pipeline end to end on a tiny configuration: preference data -> reward model -> PPO -> eval."""
 
 import json
-import subprocess
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ from tasks.rl.rewards import RewardScorer
 from tasks.rl.sequences import score_texts
 from tasks.rl.trainer import LoopState, Rollout, learn, needed_roles, score
 from tasks.rl.workers import place
-from tests.conftest import ENV, make_project, repro, resume_after_kill, stages_run
+from tests.conftest import make_project, report_json, repro, resume_after_kill, stages_run
 
 pytestmark = pytest.mark.slow
 
@@ -33,15 +32,10 @@ def rlhf(tmp_path_factory) -> dict:
     return {"path": path, "output": output, "weights": (path / "artifacts/ppo/model.safetensors").read_bytes()}
 
 
-def _report(path) -> dict:
-    result = subprocess.run(["alignflow", "report", "--json"], cwd=path, env=ENV, capture_output=True, text=True)
-    return json.loads(result.stdout)
-
-
 def test_rlhf_pipeline_runs_every_stage_and_reports_reward_accuracy_and_gold_reward(rlhf):
     path = rlhf["path"]
     assert stages_run(rlhf["output"]) == RLHF_STAGES
-    report = _report(path)
+    report = report_json(path)
     stages = ["data", "base", "sft", "sft_cold", "reward_backbone", "preferences", "reward_model", "best_of_n"]
     assert set(report) == {*stages, "ppo", "ppo_verifier"}
     position = {stage: index for index, stage in enumerate(report)}  # pipeline order: each after what it reads

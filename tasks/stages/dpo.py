@@ -168,14 +168,15 @@ def run(params: Params) -> None:
         for name, value in held_out.items():
             live.summary[f"heldout/{name}"] = round(value, 6)
         live.summary["preference_accuracy"] = round(held_out.get("accuracy", held_out["label_accuracy"]), 6)
-        live.summary["chosen_logp_change"] = round(_chosen_trend(history), 6)
+        chosen_change = _chosen_trend(history)
+        live.summary["chosen_logp_change"] = round(chosen_change, 6)
         live.make_summary()
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
     checkpointer.clear()
-    if _chosen_trend(history) < -CHOSEN_FALL_WARNING:
+    if chosen_change < -CHOSEN_FALL_WARNING:
         print(
-            f"WARNING dpo: the chosen responses' log-prob fell {-_chosen_trend(history):.2f} nats over training "
+            f"WARNING dpo: the chosen responses' log-prob fell {-chosen_change:.2f} nats over training "
             "(likelihood displacement: both responses are pushed down); dpo.sft_weight > 0 holds it up",
             flush=True,
         )
