@@ -1,12 +1,36 @@
 """The pipelines alignflow knows, by name: what each trains and which dvc.yaml stages it ends in."""
 
+import re
 from dataclasses import dataclass
+
+from tasks.common.config import Params
+from tasks.common.params import param_value
+
+_PARAM = re.compile(r"\$\{([\w.]+)\}")
+
+
+def evaluation_of(model: str) -> str:
+    """The dvc.yaml stage that evaluates ``model``: ``eval@sft``, or for a round's model (``sft_rs/1``)
+    ``eval_sft_rs@1``, the stage its round's foreach group names."""
+    kind, _, round_name = model.partition("/")
+    return f"eval_{kind}@{round_name}" if round_name else f"eval@{kind}"
 
 
 @dataclass(frozen=True)
 class Pipeline:
     description: str
-    targets: tuple[str, ...]  # the final stages (or foreach groups); a run covers them and everything upstream
+    # The final stages (or foreach groups); a run covers them and everything upstream. "eval@${distill.teacher}"
+    # evaluates whichever model that key names.
+    targets: tuple[str, ...]
+
+    def stages(self, params: Params) -> tuple[str, ...]:
+        """The targets with every ${key} read from ``params``."""
+        resolved = []
+        for target in self.targets:
+            if (reference := _PARAM.search(target)) is not None:
+                target = evaluation_of(str(param_value(params, reference.group(1))))
+            resolved.append(target)
+        return tuple(resolved)
 
 
 PIPELINES: dict[str, Pipeline] = {
@@ -37,5 +61,12 @@ PIPELINES: dict[str, Pipeline] = {
         "DPO from that checkpoint (online_dpo.update: preference, or policy_gradient for GRPO/PPO), with the dip "
         "across the switch and held-out evaluation of every model.",
         ("eval@base", "eval@sft_cold", "eval@dpo", "eval@online_dpo"),
+    ),
+    "distill": Pipeline(
+        "Distillation: data -> base -> the teacher (distill.teacher: R1's grpo by default, its stages reused) -> "
+        "the teacher's verified samples (teacher_data) -> a student a third of its size (student_base) fine-tuned "
+        "on them (sft_distill) -> on-policy distillation, the teacher grading every token the student samples "
+        "(distill.loss: reverse_kl or gkd), with held-out evaluation and the parameter count of every model.",
+        ("eval@${distill.teacher}", "eval@student_base", "eval@sft_distill", "eval@distill"),
     ),
 }

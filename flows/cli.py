@@ -127,8 +127,8 @@ def _repro(args: argparse.Namespace) -> int:
     from tasks.common.params import load_params
 
     # DVC removes a stage's outputs before running it: a params.yaml the stage would refuse must never get that far.
-    load_params("params.yaml")
-    return dvc_main(["repro", *PIPELINES[args.pipeline].targets])
+    params = load_params("params.yaml")
+    return dvc_main(["repro", *PIPELINES[args.pipeline].stages(params)])
 
 
 def _serve(args: argparse.Namespace) -> None:

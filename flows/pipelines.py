@@ -104,7 +104,7 @@ def run_pipeline(name: str, overrides: list[str], project: Path) -> dict[str, di
             retries=params.runner.retries, retry_delay_seconds=params.runner.retry_delay_seconds
         )
         futures: dict[str, PrefectFuture] = {}
-        for stage in read_dag(project, PIPELINES[name].targets):
+        for stage in read_dag(project, PIPELINES[name].stages(params)):
             upstream = [futures[u] for u in stage.upstream if u in futures]
             futures[stage.name] = stage_task.submit(project, stage, params.runner, wait_for=upstream)
         try:

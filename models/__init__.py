@@ -7,7 +7,9 @@ from models.roles import (
     load_reference,
     load_reward_model,
     load_tokenizer,
+    num_parameters,
     resolve_device,
+    vocabulary_mismatch,
 )
 from models.tiny import build_tiny_llama
 from models.tokenizer import build_char_tokenizer
@@ -21,5 +23,7 @@ __all__ = [
     "load_reference",
     "load_reward_model",
     "load_tokenizer",
+    "num_parameters",
     "resolve_device",
+    "vocabulary_mismatch",
 ]

@@ -43,9 +43,31 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+def vocabulary_mismatch(student: PreTrainedTokenizerBase, teacher: PreTrainedTokenizerBase) -> str | None:
+    """How two tokenizers differ in what distillation compares (token ids and the special tokens), or None when
+    they are the same: a teacher grades a student token by token, so an id must mean the same token to both."""
+    student_vocab, teacher_vocab = student.get_vocab(), teacher.get_vocab()
+    if student_vocab != teacher_vocab:
+        differing = sorted(set(student_vocab.items()) ^ set(teacher_vocab.items()), key=str)
+        return (
+            f"{len(student_vocab)} tokens against the teacher's {len(teacher_vocab)}; first difference: "
+            f"{differing[0][0]!r}"
+        )
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if getattr(student, name) != getattr(teacher, name):
+            return f"{name} {getattr(student, name)} against the teacher's {getattr(teacher, name)}"
+    return None
+
+
 def context_length(path: str | Path) -> int:
     """The longest sequence the model in ``path`` attends over (its position embeddings)."""
     return AutoConfig.from_pretrained(path).max_position_embeddings
+
+
+def num_parameters(path: str | Path) -> int:
+    """The parameters of the causal LM in ``path``, counted on the meta device (no weights are read)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path)).parameters())
 
 
 def load_policy(path: str | Path, device: torch.device) -> PreTrainedModel:

@@ -125,7 +125,9 @@ def dvc(path: Path, *args: str) -> str:
 
 def repro(path: Path, pipeline: str = "sft") -> str:
     """`dvc repro` of a pipeline's final stages (what `alignflow repro <pipeline>` runs)."""
-    return dvc(path, "repro", *PIPELINES[pipeline].targets)
+    from tasks.common.params import load_params
+
+    return dvc(path, "repro", *PIPELINES[pipeline].stages(load_params(path / "params.yaml")))
 
 
 def report_json(path: Path) -> dict:

@@ -4,7 +4,6 @@
 but does not list could change without DVC noticing, and the artifact would stay "up to date".
 """
 
-import dataclasses
 import json
 import re
 import subprocess
@@ -13,9 +12,10 @@ import sys
 import pytest
 from dvc.repo import Repo
 
+from flows.catalog import PIPELINES
 from tasks.common.artifacts import stage_dir
 from tasks.common.config import stage_kinds
-from tasks.common.params import load_params
+from tasks.common.params import load_params, read_artifacts
 from tasks.common.registry import parse_stage_name
 from tests.conftest import ENV, REPO, make_project
 from tests.imports import has_code, transitive_imports
@@ -67,15 +67,19 @@ def test_the_registry_reads_and_writes_what_dvc_yaml_declares(dvc_stages):
     for stage in dvc_stages:
         name = _stage_name(stage)
         kind, target = parse_stage_name(name)
-        section = getattr(params, stage_kinds()[kind.name][1])
-        values = {**{f.name: getattr(section, f.name) for f in dataclasses.fields(section)}, "model": target}
-        values["round"] = target
-        if kind.target == "round":
-            values["round.policy"] = params.rounds[target].policy
-        reads = {re.sub(r"\$\{([\w.]+)\}", lambda m, known=values: known[m.group(1)], read) for read in kind.reads}
+        reads = read_artifacts(kind, stage_kinds()[kind.name][1], params, target)
         declared = {dep.def_path for dep in stage.deps if dep.def_path.startswith("artifacts/")}
         assert declared == {str(stage_dir(read)) for read in reads}, name
         assert str(stage_dir(name)) in {out.def_path for out in stage.outs}, name
+
+
+def test_every_pipeline_ends_in_stages_of_dvc_yaml(dvc_stages):
+    names = {stage.addressing.rpartition(":")[2] for stage in dvc_stages}
+    groups = {name.partition("@")[0] for name in names}
+    params = load_params(REPO / "params.yaml", ["distill.teacher=grpo_final/1"])
+    for pipeline in PIPELINES.values():
+        assert set(pipeline.stages(params)) <= names | groups
+    assert "eval_grpo_final@1" in PIPELINES["distill"].stages(params)  # the teacher's evaluation follows the key
 
 
 def test_editing_the_verifier_marks_every_stage_that_scores_with_it_changed(tmp_path, monkeypatch):
@@ -99,7 +103,8 @@ def test_editing_the_verifier_marks_every_stage_that_scores_with_it_changed(tmp_
     verifier = project / "tasks/data/problems/countdown.py"
     verifier.write_text(verifier.read_text() + "\n_UNUSED = None\n")
     changed = _changed(project)
-    scoring = {name for name in names if name != "base"}  # every stage but base reads problems through their checks
+    # every stage but the two that build a model from its size reads problems through their checks
+    scoring = {name for name in names if name not in ("base", "student_base")}
     assert changed == scoring
     assert {"grpo", "grpo_zero", "rejection@1", "grpo_final@1", "ppo"} <= changed
     assert {name for name in names if name.startswith("eval@")} <= changed

@@ -5,11 +5,10 @@ import subprocess
 
 import pytest
 
-from tasks.common.config import RejectionConfig
 from tasks.common.params import load_params
 from tasks.data.datasets import read_examples
 from tasks.data.problems import PROBLEMS, Example, score_response
-from tasks.stages.rejection import accepted
+from tasks.data.rejection_sampling import accepted
 from tests.conftest import ENV, make_project, repro, resume_after_kill, stages_run
 
 R1_STAGES = {
@@ -102,9 +101,9 @@ def test_rejection_keeps_distinct_verified_responses_up_to_the_cap():
     wrong = "<think>2+0+0=2,1+3+0=5</think><answer>52</answer>"
     longer = "<think>2+0+0=2, 1+3+0=4</think><answer>42</answer>"
     responses = [wrong, EXAMPLE.solution, EXAMPLE.solution, "", longer, EXAMPLE.solution.replace("42<", "042<")]
-    kept = accepted(EXAMPLE, responses, RejectionConfig(max_per_prompt=2))
+    kept = accepted(EXAMPLE, responses, max_per_prompt=2)
     assert kept == [EXAMPLE.solution, longer]
-    assert accepted(EXAMPLE, responses, RejectionConfig(max_per_prompt=5)) == [
+    assert accepted(EXAMPLE, responses, max_per_prompt=5) == [
         EXAMPLE.solution,
         longer,
         EXAMPLE.solution.replace("42<", "042<"),
@@ -122,5 +121,5 @@ def test_rejection_ranks_by_the_reward_model_when_a_task_has_no_verifier(monkeyp
     def by_length(_, texts: list[str]) -> list[float]:  # a stand-in reward model
         return [float(len(t)) for t in texts]
 
-    kept = accepted(example, responses, RejectionConfig(top_by_reward_model=2, max_per_prompt=4), rank=by_length)
+    kept = accepted(example, responses, max_per_prompt=4, rank=by_length, top_by_rank=2)
     assert kept == ["a longer answer", "the longest answer of all"]

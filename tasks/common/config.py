@@ -29,9 +29,9 @@ class ConfigError(ValueError):
 def param(default: Any, help: str, **checks: Any) -> Any:
     """A documented field. ``checks``: gt, ge, lt, le (numbers; ``why`` says what a larger value would cost),
     choices, chars (allowed characters), or
-    registered: the name of a registry in ``tasks/rl/core_algos.py`` or ``tasks/rl/preference_losses.py`` whose
-    keys are the choices (plus ``extra_choices``), so a new estimator or loss is one registered function and no
-    edit here."""
+    registered: the name of a registry in ``tasks/rl/core_algos.py``, ``preference_losses.py`` or
+    ``distill_losses.py`` whose keys are the choices (plus ``extra_choices``), so a new estimator or loss is one
+    registered function and no edit here."""
     return field(default=default, metadata={"help": help, **checks})
 
 
@@ -147,6 +147,27 @@ class RewardBackboneConfig(SFTTrainingConfig, ModelSizeConfig):
     num_layers: int = param(6, "Tiny model: transformer blocks.", ge=1)
     num_heads: int = param(6, "Tiny model: attention heads (must divide hidden_size).", ge=1)
     intermediate_size: int = param(768, "Tiny model: width of the MLP.", ge=8)
+
+
+@dataclass
+class StudentBaseConfig(BaseConfig):
+    """The distillation student before training: a tiny Llama of this size built from the seed with the teacher's
+    tokenizer, or a model of your own (``model_path``) whose tokenizer must be the teacher's. The default has
+    about 0.3 of the default teacher's parameters (138 k against 453 k)."""
+
+    hidden_size: int = param(64, "Tiny model: width of the residual stream.", ge=8)
+    num_layers: int = param(2, "Tiny model: transformer blocks.", ge=1)
+    num_heads: int = param(2, "Tiny model: attention heads (must divide hidden_size).", ge=1)
+    intermediate_size: int = param(256, "Tiny model: width of the MLP.", ge=8)
+    model_path: str | None = param(
+        None,
+        "A Hugging Face model directory to start the student from; its tokenizer must be the teacher's (the same "
+        "vocabulary and ids: distillation compares the two models token by token). null builds the tiny model.",
+    )
+
+
+def _student_sft_defaults() -> SFTConfig:
+    return SFTConfig(init="student_base")
 
 
 def _cold_start_defaults() -> SFTConfig:
@@ -367,7 +388,8 @@ class RLConfig:
     roles: dict[str, StageResources] = field(
         default_factory=_default_roles,
         metadata={
-            "help": "Ray resources of each role's actor when colocate is false: actor, critic, reference, reward."
+            "help": "Ray resources of each role's actor when colocate is false: actor, critic, reference, reward, "
+            "teacher."
         },
     )
     save_every: int = param(25, "Write a resumable checkpoint every N iterations.", ge=1)
@@ -436,6 +458,69 @@ def _online_dpo_defaults() -> OnlineDPOConfig:
     )
 
 
+@dataclass
+class DistillConfig(RLConfig):
+    """On-policy distillation (Agarwal et al., 2024, GKD; Thinking Machines, 2025): the RL loop with the student as
+    the actor and the teacher a frozen role that grades every token the student samples. ``loss`` picks the
+    divergence (``tasks/rl/distill_losses.py``); ``reward_coef`` mixes in the verifier's ``rewards`` through the
+    ``advantage`` estimator; ``lmbda`` < 1 trains a fraction of iterations on the teacher's own responses."""
+
+    teacher: str = param(
+        "grpo",
+        "The teacher: any model trained upstream (a model name). grpo, the R1 pipeline's best RL checkpoint, by "
+        "default; its tokenizer must be the student's.",
+    )
+    init: str = param("sft_distill", "The student to start from: the student fine-tuned on the teacher's data.")
+    loss: str = param(
+        "reverse_kl",
+        "Distillation loss registered in tasks/rl/distill_losses.py: reverse_kl (the teacher's per-token log-ratio "
+        "on the student's samples as a dense advantage) or gkd (generalised JSD over the full vocabulary).",
+        registered="DISTILL_LOSSES",
+    )
+    beta: float = param(
+        0.5,
+        "gkd's beta: 0 is forward KL(teacher || student), 1 reverse KL(student || teacher), between them the "
+        "generalised Jensen-Shannon divergence (scaled to meet both ends continuously).",
+        ge=0,
+        le=1,
+    )
+    lmbda: float = param(
+        1.0,
+        "GKD's lambda: the fraction of iterations trained on the student's own samples; the rest train on the "
+        "teacher's verified responses (teacher_data). 1 is fully on-policy; below 1 needs a full-vocabulary loss.",
+        ge=0,
+        le=1,
+    )
+    reward_coef: float = param(
+        0.0,
+        "Weight of the verifier's reward (``rewards`` through ``advantage``) beside the distillation signal: the "
+        "dense per-token signal plus a scalar task reward.",
+        ge=0,
+    )
+
+
+def _distill_defaults() -> DistillConfig:
+    return DistillConfig(
+        steps=100,
+        rollout_batch_size=32,
+        group_size=4,
+        minibatch_size=128,
+        epochs=1,
+        actor_lr=1e-4,
+        warmup_steps=5,
+        advantage="grpo",
+        policy_loss="token_mean",
+        kl_loss="none",
+        kl_in_reward=False,
+        kl_coef=0.0,
+        kl_target=None,
+        rewards={"accuracy": 1.0},
+        reward_normalize=False,
+        reward_clip=None,
+        roles={role: StageResources(num_cpus=0.5) for role in ("actor", "reference", "teacher")},
+    )
+
+
 def _grpo_defaults() -> RLConfig:
     return RLConfig(
         steps=300,
@@ -472,18 +557,30 @@ def _grpo_final_defaults() -> RLConfig:
 
 
 @dataclass
-class RejectionConfig:
+class RejectionSamplingConfig:
+    """Sample N responses per training prompt from a policy, keep the verified ones
+    (``tasks/data/rejection_sampling.py``)."""
+
     num_prompts: int = param(4000, "Training prompts to sample from (the first N of the training split).", ge=1)
     samples_per_prompt: int = param(8, "Responses sampled per prompt (N).", ge=1)
     temperature: float = param(1.0, "Sampling temperature.", gt=0)
     max_new_tokens: int = param(64, "Longest sampled response.", ge=1)
     max_per_prompt: int = param(2, "Distinct accepted responses kept per prompt, at most.", ge=1)
+
+
+@dataclass
+class RejectionConfig(RejectionSamplingConfig):
     top_by_reward_model: int = param(
         1, "For a prompt whose task has no verifier: keep this many best responses by the reward model.", ge=1
     )
     general_ratio: float = param(
         0.25, "General SFT rows (worked solutions of other training prompts) mixed in per accepted row.", ge=0
     )
+
+
+@dataclass
+class TeacherDataConfig(RejectionSamplingConfig):
+    """Sequence-level distillation's data (DeepSeek-R1-Distill): the teacher's verified responses."""
 
 
 @dataclass
@@ -726,6 +823,50 @@ class Params:
             "help": "R1 rounds of rejection sampling -> SFT -> RL, by round name; each samples from its `policy` "
             "(round 1 from grpo, round 2 from grpo_final/1, ...)."
         },
+    )
+    student_base: StudentBaseConfig = section(
+        StudentBaseConfig,
+        "Distillation: the student before training, smaller than the teacher, with the teacher's tokenizer.",
+        StageKind(
+            "student_base",
+            "tasks.stages.student_base:run",
+            "build the distillation student (or load student_base.model_path) with the teacher's tokenizer",
+            "model",
+            reads=("${distill.teacher}",),
+        ),
+    )
+    teacher_data: TeacherDataConfig = section(
+        TeacherDataConfig,
+        "Distillation: the teacher's verified responses, the student's SFT data.",
+        StageKind(
+            "teacher_data",
+            "tasks.stages.teacher_data:run",
+            "sample N responses per prompt from the teacher, keep the verified ones (sequence-level distillation)",
+            "dataset",
+            reads=("data", "${distill.teacher}"),
+        ),
+    )
+    sft_distill: SFTConfig = section(
+        _student_sft_defaults,
+        "Distillation: SFT of the student on the teacher's verified responses.",
+        StageKind(
+            "sft_distill",
+            "tasks.stages.sft:run_distill",
+            "SFT of the student on the teacher's verified responses",
+            "model",
+            reads=("teacher_data", "${init}"),
+        ),
+    )
+    distill: DistillConfig = section(
+        _distill_defaults,
+        "Distillation: on-policy, the teacher grading every token the student samples.",
+        StageKind(
+            "distill",
+            "tasks.stages.distill:run",
+            "on-policy distillation: the student samples, the teacher grades its tokens (reverse_kl, gkd)",
+            "model",
+            reads=("data", "teacher_data", "${init}", "${teacher}"),
+        ),
     )
     runner: RunnerConfig = section(RunnerConfig, "Prefect and Ray: retries, resources, schedules.")
 

@@ -32,6 +32,7 @@ from tasks.common.config import (
     RLConfig,
     RoundConfig,
     SFTTrainingConfig,
+    StageKind,
     stage_kinds,
 )
 from tasks.common.registry import model_kinds
@@ -54,11 +55,11 @@ def fields_with_keys(config: Any, prefix: str = "") -> Iterator[tuple[str, datac
 def choices(f: dataclasses.Field) -> tuple[str, ...] | None:
     """The values a field may take: its own ``choices``, or the names a core_algos registry holds."""
     if "registered" in f.metadata:
-        from tasks.rl import core_algos, preference_losses  # torch: imported only when params are checked
+        from tasks.rl import core_algos, distill_losses, preference_losses  # torch: only when params are checked
 
         registry = next(
             getattr(module, f.metadata["registered"])
-            for module in (core_algos, preference_losses)
+            for module in (core_algos, preference_losses, distill_losses)
             if hasattr(module, f.metadata["registered"])
         )
         return (*f.metadata.get("extra_choices", ()), *registry)
@@ -98,6 +99,7 @@ def sections_of(config_type: type) -> tuple[str, ...]:
     )
 
 
+_SECTIONS = {f.name for f in dataclasses.fields(Params)}
 RL_SECTIONS = sections_of(RLConfig)
 SFT_SECTIONS = sections_of(SFTTrainingConfig)
 # Models the pipelines train, by name: what `init` and `rounds.<round>.policy` may point at.
@@ -112,6 +114,40 @@ def _is_model(name: str, rounds: dict[str, RoundConfig]) -> bool:
     return (name in MODELS) or (kind in ROUND_MODELS and round_name in rounds)
 
 
+def param_reference(read: str, section: str) -> str | None:
+    """The params key a stage kind's read names: ``${init}`` a key of its own section (``sft.init``),
+    ``${distill.teacher}`` another section's; None for a stage (``data``) or its target (``${model}``,
+    ``${round}``, ``${round.policy}``)."""
+    if not read.startswith("${"):
+        return None
+    name = read[2:-1]
+    if name.partition(".")[0] in _SECTIONS:
+        return name
+    return f"{section}.{name}" if "." not in name and name not in ("model", "round") else None
+
+
+def param_value(params: Params, key: str) -> Any:
+    value = params
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def read_artifacts(kind: StageKind, section: str, params: Params, target: str | None = None) -> list[str]:
+    """What a stage of ``kind`` reads, as artifact names (``data``, ``grpo``, ``rejection@1``, ``sft_rs/1``): its
+    declared reads, each ``${...}`` resolved through params and ``target`` (what follows @ in its name)."""
+    resolved = []
+    for read in kind.reads:
+        key = param_reference(read, section)
+        if key is not None:
+            read = str(param_value(params, key))
+        elif target is not None:
+            read = read.replace("${round.policy}", params.rounds[target].policy if kind.target == "round" else "")
+            read = read.replace(f"${{{kind.target}}}", target)
+        resolved.append(read)
+    return resolved
+
+
 def _trained_from(model: str, params: Params) -> set[str]:
     """The stage kinds behind the model named ``model`` (``sft_rs/1``: sft_rs, rejection, grpo, ...), its own too,
     following each kind's declared reads through the values params give them."""
@@ -123,32 +159,30 @@ def _trained_from(model: str, params: Params) -> set[str]:
         found.add(kind)
         stage_kind, section = kinds[kind]
         for read in stage_kind.reads:
-            name = read.partition("@")[0]
+            name, key = read.partition("@")[0], param_reference(read, section)
             if name == "${round.policy}":
                 pending += [spec.policy.partition("/")[0] for spec in params.rounds.values()]
-            elif name.startswith("${") and name[2:-1] != stage_kind.target:
-                pending.append(str(getattr(getattr(params, section), name[2:-1])).partition("/")[0])
-            else:
+            elif key is not None:
+                pending.append(str(param_value(params, key)).partition("/")[0])
+            elif not name.startswith("${"):
                 pending.append(name)
     return found
 
 
 def _model_key_errors(params: Params) -> Iterator[str]:
-    """Every model-valued key (``sft.init``, ``ppo.init``, ``reward_model.backbone``) names a model whose stage
-    runs before the stages that read it: one that exists, and not one trained from them (a cycle)."""
+    """Every model-valued key (``sft.init``, ``ppo.init``, ``reward_model.backbone``, ``distill.teacher``) names a
+    model whose stage runs before the stages that read it: one that exists, and not one trained from them (a
+    cycle)."""
     reported = set()
     for kind, section in stage_kinds().values():
-        keys = {f.name for f in dataclasses.fields(getattr(params, section))}
         for read in kind.reads:
-            key = read[2:-1] if read.startswith("${") else ""
-            if key not in keys or (section, key) in reported:  # not a param: a stage, or the target (${model})
+            key = param_reference(read, section)
+            if key is None or key in reported:
                 continue
-            model = getattr(getattr(params, section), key)
+            model = param_value(params, key)
             if not _is_model(model, params.rounds) or kind.name in _trained_from(model, params):
-                reported.add((section, key))
-                yield (
-                    f"{section}.{key}: not a model trained before {kind.name} ({', '.join(MODELS)}, ...), got {model!r}"
-                )
+                reported.add(key)
+                yield f"{key}: not a model trained before {kind.name} ({', '.join(MODELS)}, ...), got {model!r}"
 
 
 def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
@@ -203,6 +237,44 @@ def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
             )
 
 
+def _distill_errors(params: Params, longest: int) -> Iterator[str]:
+    """On-policy distillation's knobs that only make sense together, and the student's size or tokenizer."""
+    from tasks.rl import core_algos, distill_losses  # torch: imported only when params are checked
+
+    cfg = params.distill
+    loss = distill_losses.DISTILL_LOSSES.get(cfg.loss)  # an unknown name is reported by its field
+    if cfg.lmbda < 1 and loss is not None and not loss.full_vocabulary:
+        yield (
+            f"distill.lmbda: below 1 trains on the teacher's responses, which a sampled-token loss ({cfg.loss}) "
+            f"cannot grade (its estimate needs the student's own samples); use loss gkd, or lmbda 1, got {cfg.lmbda}"
+        )
+    estimator = core_algos.ADVANTAGE_ESTIMATORS.get(cfg.advantage)
+    if estimator is not None and estimator.needs_critic:
+        yield f"distill.advantage: {cfg.advantage} needs a critic, which distillation does not train (grpo, rloo, ...)"
+    if cfg.kl_in_reward:
+        yield "distill.kl_in_reward: distillation shapes no reward; kl_loss puts a KL to the start in the loss"
+    if cfg.ref_reset_every is not None:
+        yield f"distill.ref_reset_every: distillation keeps no resettable reference; null, got {cfg.ref_reset_every}"
+    student = params.student_base
+    if student.model_path is None:
+        yield from _size_errors("student_base", student, max(longest, params.sft_distill.max_length))
+        return
+    if not (Path(student.model_path) / "config.json").is_file():
+        yield f"student_base.model_path: {student.model_path!r} is not a Hugging Face model directory"
+        return
+    from models import build_char_tokenizer, load_tokenizer, vocabulary_mismatch
+
+    # every model of the DAG has the base model's tokenizer, or (a reward backbone's lineage) the built-in one
+    from_base = "base" in _trained_from(cfg.teacher, params) and params.base.model_path is not None
+    teacher_tokenizer = load_tokenizer(params.base.model_path) if from_base else build_char_tokenizer()
+    mismatch = vocabulary_mismatch(load_tokenizer(student.model_path), teacher_tokenizer)
+    if mismatch is not None:
+        yield (
+            f"student_base.model_path: the tokenizer of {student.model_path!r} is not the teacher's "
+            f"(distill.teacher={cfg.teacher}): {mismatch}"
+        )
+
+
 def _size_errors(name: str, size: ModelSizeConfig, longest: int) -> Iterator[str]:
     """A tiny model's size: heads that divide its width, and positions for the ``longest`` sequence it sees."""
     if size.hidden_size % size.num_heads:
@@ -245,6 +317,7 @@ def _cross_field_errors(params: Params) -> Iterator[str]:
         yield f"base.model_path: {base.model_path!r} is not a Hugging Face model directory (it has no config.json)"
     backbone = params.reward_backbone
     yield from _size_errors("reward_backbone", backbone, max(longest, backbone.max_length))
+    yield from _distill_errors(params, max(longest, params.sft.max_prompt_length + params.distill.max_new_tokens))
     user_files = {
         "data.train_file": params.data.train_file,
         "data.test_file": params.data.test_file,

@@ -114,6 +114,7 @@ class Rollout:
     scores: torch.Tensor  # (N,) the weighted sum of the reward functions
     components: dict[str, torch.Tensor]  # (N,) each reward function's own reward
     failures: dict[str, int]
+    on_policy: bool = True  # False: responses taken from a dataset (a teacher's), not sampled from the policy
 
     def groups(self, keep: torch.Tensor, group_size: int) -> "Rollout":
         rows = torch.arange(len(self.scores)).view(-1, group_size)[keep].flatten().tolist()
@@ -147,6 +148,9 @@ class Learner:
 
     roles: Callable[[RLConfig], set[str]]
     learn: Callable[..., dict[str, float]]  # (roles, rollout, tokenizer, cfg, state, clock) -> metrics
+    # The responses of iteration i when they do not come from the policy (GKD's teacher batches): a Rollout, or
+    # None to sample as usual.
+    offline: Callable[[int], Rollout | None] | None = None
 
 
 def reward_roles(cfg: RLConfig) -> set[str]:
@@ -399,9 +403,11 @@ def train(
     train_file: Path,
     reward_dirs: list[Path],
     learner: Learner = POLICY_GRADIENT,
+    teacher_dir: Path | None = None,
 ) -> None:
     """RL on the prompts of ``train_file`` from the policy in ``init_dir``, each scored rollout trained by
-    ``learner``; the policy is written to the stage's dir."""
+    ``learner`` (with the frozen ``teacher_dir`` as a role, for distillation); the policy is written to the
+    stage's dir."""
     make_deterministic(params.seed)
     examples = read_examples(train_file)
     section = stage_kinds()[stage.partition("@")[0]][1]
@@ -422,10 +428,11 @@ def train(
             f"{stage}: rewards.{REWARD_MODEL} needs a reward model (run `alignflow stage reward_model` first)"
         )
     scorer = RewardScorer(cfg.rewards, cfg.reward_timeout_seconds, cfg.reward_failure_warning)
-    roles = place(params, cfg, init_dir, reward_dirs, wanted)
+    roles = place(params, cfg, init_dir, reward_dirs, wanted, teacher_dir)
 
     config = {"stage": stage, "seed": params.seed, "device": params.device, **to_dict(cfg)}
-    checkpointer = Checkpointer(stage, config, [init_dir, train_file, *reward_dirs])
+    teacher = [teacher_dir] if teacher_dir is not None else []
+    checkpointer = Checkpointer(stage, config, [init_dir, train_file, *reward_dirs, *teacher])
     state = LoopState(kl_coef=cfg.kl_coef)
     if (checkpoint := checkpointer.load()) is not None:
         for role in ("actor", "critic"):
@@ -450,9 +457,12 @@ def train(
             started = time.perf_counter()
             clock = dict.fromkeys(("time/generate", "time/score", "time/train"), 0.0)
             try:
-                rollout, metrics = collect(roles, scorer, examples, cfg, state, params.seed, clock)
+                rollout, metrics = learner.offline(step) if learner.offline else None, {}
+                if rollout is None:
+                    rollout, metrics = collect(roles, scorer, examples, cfg, state, params.seed, clock)
                 if rollout is not None:
-                    metrics |= rollout_metrics(rollout) | learner.learn(roles, rollout, tokenizer, cfg, state, clock)
+                    metrics |= rollout_metrics(rollout) if rollout.on_policy else {"offline_batch": 1.0}
+                    metrics |= learner.learn(roles, rollout, tokenizer, cfg, state, clock)
                 if heldout and ((step + 1) % cfg.heldout_every == 0 or step + 1 == cfg.steps):
                     metrics[HELDOUT] = heldout_gold_reward(roles, heldout, cfg, params.seed + step + 1)
             except NonFiniteError as error:  # raised by a role (maybe on a Ray actor) that does not know the step

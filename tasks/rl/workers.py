@@ -3,6 +3,7 @@
 - actor: the policy being trained, with its rollout engine (HF or vLLM, synced in place after each update);
 - critic: per-token values, trained on the returns (only for advantage estimators that need one);
 - reference: the frozen initial policy, the KL anchor (only when a KL term or a reference reset is asked for);
+- teacher: a frozen teacher that grades the student's tokens (on-policy distillation);
 - reward: the frozen reward model(s), scoring (prompt, response) texts; an ensemble is combined by mean or min.
 
 Workers exchange token tensors and texts, never models. ``place`` puts a role in this
@@ -38,6 +39,7 @@ from tasks.rl.core_algos import (
     entropy_from_logits,
     masked_mean,
 )
+from tasks.rl.distill_losses import DISTILL_LOSSES
 from tasks.rl.preference_losses import PairLogprobs, preference_loss, sequence_logprobs
 from tasks.rl.sequences import PackedBatch, response_logprobs, score_texts
 from tasks.rollout.engine import Completion, RolloutEngine, Sampling
@@ -136,9 +138,11 @@ class ActorWorker(_TrainedRole):
         advantages: torch.Tensor,
         ref_logprobs: torch.Tensor | None,
         kl_coef: float,
+        teacher_logits: torch.Tensor | None = None,
     ) -> tuple[dict[str, float], torch.Tensor]:
         """``epochs`` passes of minibatch steps on the policy loss (minus the entropy bonus, plus the KL loss
-        when one is asked for), then an engine sync. Returns the metrics and π_old's log-probs (B, T).
+        when one is asked for, plus the distillation divergence ``cfg.loss`` to ``teacher_logits`` (B, T, V)
+        when they are given), then an engine sync. Returns the metrics and π_old's log-probs (B, T).
 
         ``old_logprobs`` None means a single update: π_old is then the policy about to take it, whose
         log-probs are the update's own forward pass, detached (no separate pass for them)."""
@@ -146,6 +150,8 @@ class ActorWorker(_TrainedRole):
         policy_loss_fn = POLICY_LOSSES[cfg.policy_loss]
         kl_estimator = KL_ESTIMATORS.get(cfg.kl_loss)
         totals = {"policy_loss": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "approx_kl": 0.0, "grad_norm": 0.0}
+        if teacher_logits is not None:
+            totals["divergence"] = 0.0
         minibatches = _minibatches(len(advantages), cfg.minibatch_size, cfg.epochs)
         if old_logprobs is None and len(minibatches) > 1:
             raise ValueError(f"{len(minibatches)} updates per rollout need the old log-probs computed before them")
@@ -172,12 +178,19 @@ class ActorWorker(_TrainedRole):
             loss = policy_loss - cfg.entropy_coef * entropy
             if kl_estimator is not None:
                 loss = loss + kl_coef * masked_mean(kl_estimator(logprobs, ref_logprobs[rows].to(device)), mask)
+            if teacher_logits is not None:
+                teacher = teacher_logits[rows].to(device)
+                student = logits[..., : teacher.shape[-1]]
+                divergence = masked_mean(DISTILL_LOSSES[cfg.loss](student, teacher, mask, beta=cfg.beta), mask)
+                loss = loss + divergence
+                totals["divergence"] += divergence.item() / len(minibatches)
             grad_norm = guarded_step(self.model, self.optimizer, loss, cfg.grad_clip, "the actor's update")
             with torch.no_grad():
                 # k3 estimate of KL(π_old ‖ π_θ) on the sampled tokens: how far this update moved the policy
                 log_ratio = torch.where(mask.bool(), old - logprobs, 0)
                 approx_kl = masked_mean(torch.expm1(log_ratio) - log_ratio, mask)
-            for name, value in zip(totals, (policy_loss, clip_fraction, entropy, approx_kl, grad_norm), strict=True):
+            names = ("policy_loss", "clip_fraction", "entropy", "approx_kl", "grad_norm")
+            for name, value in zip(names, (policy_loss, clip_fraction, entropy, approx_kl, grad_norm), strict=True):
                 totals[name] += value.item() / len(minibatches)
         self.scheduler.step()
         self._took_steps(len(minibatches))
@@ -283,14 +296,25 @@ class CriticWorker(_TrainedRole):
         return {"value_loss": total}
 
 
-class ReferenceWorker:
+class FrozenWorker:
+    """A frozen policy: the reference (the KL anchor) or a distillation teacher."""
+
     def __init__(self, params: Params, cfg: RLConfig, model_dir: Path):
         self.temperature = cfg.temperature
         self.model = load_reference(model_dir, resolve_device(params.device))
+        self.vocabulary = len(load_tokenizer(model_dir))  # a checkpoint's embedding rows may pad the vocabulary
 
     @torch.no_grad()
     def logprobs(self, batch: PackedBatch) -> torch.Tensor:
         return response_logprobs(self.model, batch.to(self.model.device), self.temperature)[0].cpu()
+
+    @torch.no_grad()
+    def logits(self, batch: PackedBatch) -> torch.Tensor:
+        """(B, T, V): the next-token logits at every response position, at the temperature, over the tokenizer's
+        vocabulary (what a divergence over the full vocabulary compares)."""
+        return response_logprobs(self.model, batch.to(self.model.device), self.temperature)[1][
+            ..., : self.vocabulary
+        ].cpu()
 
     def weights(self) -> dict[str, torch.Tensor]:
         return {name: tensor.cpu() for name, tensor in self.model.state_dict().items()}
@@ -351,15 +375,21 @@ class Worker:
 
 
 def place(
-    params: Params, cfg: RLConfig, policy_dir: Path, reward_dirs: list[Path], wanted: set[str]
+    params: Params,
+    cfg: RLConfig,
+    policy_dir: Path,
+    reward_dirs: list[Path],
+    wanted: set[str],
+    teacher_dir: Path | None = None,
 ) -> dict[str, Worker]:
     """Start the ``wanted`` roles (the actor always), colocated in this process or each on its own Ray actor."""
     critic_dir = reward_dirs[0] if cfg.critic_init == "reward" and reward_dirs else policy_dir
     roles = {
         "actor": (ActorWorker, (params, cfg, policy_dir)),
         "critic": (CriticWorker, (params, cfg, critic_dir)),
-        "reference": (ReferenceWorker, (params, cfg, policy_dir)),
+        "reference": (FrozenWorker, (params, cfg, policy_dir)),
         "reward": (RewardWorker, (params, cfg, reward_dirs)),
+        "teacher": (FrozenWorker, (params, cfg, teacher_dir)),
     }
     if not cfg.colocate:
         from tasks.common.cluster import connect_ray

@@ -8,7 +8,7 @@ import json
 
 import torch
 
-from models import context_length, load_policy, load_tokenizer, resolve_device
+from models import context_length, load_policy, load_tokenizer, num_parameters, resolve_device
 from tasks.common.artifacts import DATA_DIR, atomic_output, stage_dir, upstream_model
 from tasks.common.config import EvalConfig, Params
 from tasks.common.tracking import stage_live
@@ -71,4 +71,5 @@ def run(params: Params, target: str) -> None:
                 handle.write(json.dumps(row) + "\n")
         for name, value in metrics.items():
             live.log_metric(name, round(value, 6), plot=False)
+        live.log_metric("num_parameters", num_parameters(model), plot=False)  # beside pass@1: what size buys
     print(f"{stage}: " + ", ".join(f"{name}={value:.3f}" for name, value in metrics.items()), flush=True)

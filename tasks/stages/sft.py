@@ -1,7 +1,8 @@
-"""Stages `sft`, `sft_cold` and `sft_rs@<round>`: supervised fine-tuning on worked solutions, loss on response
-tokens only. ``sft`` trains on the training split (RLHF's first stage), ``sft_cold`` on its first few examples
-(R1's cold start), ``sft_rs@<round>`` on a round's rejection-sampled data (R1's second SFT); each starts from
-the model its section's ``init`` names.
+"""Stages `sft`, `sft_cold`, `sft_rs@<round>` and `sft_distill`: supervised fine-tuning on worked solutions, loss
+on response tokens only. ``sft`` trains on the training split (RLHF's first stage), ``sft_cold`` on its first few
+examples (R1's cold start), ``sft_rs@<round>`` on a round's rejection-sampled data (R1's second SFT),
+``sft_distill`` on the teacher's verified responses (sequence-level distillation); each starts from the model its
+section's ``init`` names.
 
 The loop is ``tasks/common/training.py:fit``: AdamW with warm-up and cosine decay, gradient clipping, and a
 checkpoint every ``save_every`` steps holding everything needed to continue bit-for-bit.
@@ -87,6 +88,11 @@ def run(params: Params) -> None:
 
 def run_cold_start(params: Params) -> None:
     train(params, params.sft_cold, "sft_cold", upstream_model(params.sft_cold.init), DATA_DIR / "train.jsonl")
+
+
+def run_distill(params: Params) -> None:
+    train_file = stage_dir("teacher_data") / "train.jsonl"
+    train(params, params.sft_distill, "sft_distill", upstream_model(params.sft_distill.init), train_file)
 
 
 def run_round(params: Params, round_name: str) -> None:

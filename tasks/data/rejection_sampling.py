@@ -1,0 +1,78 @@
+"""Rejection sampling: N responses per prompt from a policy, kept when the task's verifier accepts them.
+
+R1's ``rejection@<round>`` (the data of its second SFT) and distillation's ``teacher_data``
+(DeepSeek-R1-Distill's data: the teacher's verified responses) both run it. The kept responses are
+distinct, at most ``max_per_prompt`` a prompt, in sampling order; the statistics are the acceptance rate
+overall and by difficulty (for arithmetic, by operation).
+"""
+
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+from models import context_length, load_policy, load_tokenizer, resolve_device
+from tasks.common.config import Params, RejectionSamplingConfig
+from tasks.data.datasets import check_prompt_lengths
+from tasks.data.problems import PROBLEMS, Example, score_response
+from tasks.rollout.engine import Sampling
+from tasks.rollout.hf_engine import HFEngine
+
+# Scores of (example, its distinct responses), higher is better: how a task without a verifier picks.
+Ranker = Callable[[Example, list[str]], list[float]]
+
+
+def has_verifier(example: Example) -> bool:
+    return getattr(PROBLEMS[example.task], "is_correct", None) is not None
+
+
+def accepted(
+    example: Example, responses: list[str], max_per_prompt: int, rank: Ranker | None = None, top_by_rank: int = 1
+) -> list[str]:
+    """The responses to keep for one prompt: verified ones (or the ``top_by_rank`` best by ``rank`` for a task
+    without a verifier), distinct, at most ``max_per_prompt``, in sampling order."""
+    distinct = list(dict.fromkeys(r for r in responses if r.strip()))
+    if has_verifier(example):
+        return [r for r in distinct if score_response(example, r) == (True, True)][:max_per_prompt]
+    if rank is None:
+        raise ValueError(f"task {example.task!r} has no verifier, and nothing ranks its responses")
+    scores = rank(example, distinct)
+    best = sorted(range(len(distinct)), key=lambda i: -scores[i])[: min(top_by_rank, max_per_prompt)]
+    return [distinct[i] for i in sorted(best)]
+
+
+def sample_and_verify(
+    params: Params,
+    cfg: RejectionSamplingConfig,
+    section: str,
+    policy: Path,
+    prompts: list[Example],
+    source: Path,
+    rank: Ranker | None = None,
+    top_by_rank: int = 1,
+) -> tuple[list[Example], dict[str, float]]:
+    """Sample ``cfg.samples_per_prompt`` responses to each of ``prompts`` (read from ``source``) from ``policy`` and
+    keep the accepted ones as SFT rows; returns them and the statistics (``accepted``, ``acceptance_rate``,
+    ``acceptance_rate_by_difficulty/<label>``). ``section`` names cfg's keys in errors."""
+    tokenizer = load_tokenizer(policy)
+    new_tokens = (f"{section}.max_new_tokens", cfg.max_new_tokens)
+    check_prompt_lengths(prompts, tokenizer, source, params.sft.max_prompt_length, context_length(policy), new_tokens)
+    engine = HFEngine(load_policy(policy, resolve_device(params.device)), tokenizer, params.eval.batch_size)
+    sampling = Sampling(cfg.max_new_tokens, n=cfg.samples_per_prompt, temperature=cfg.temperature)
+    completions = engine.generate([e.prompt for e in prompts], sampling)
+
+    kept: list[Example] = []
+    sampled, verified = defaultdict(int), defaultdict(int)
+    for index, example in enumerate(prompts):
+        group = [c.text for c in completions[index * cfg.samples_per_prompt : (index + 1) * cfg.samples_per_prompt]]
+        if has_verifier(example):
+            label = PROBLEMS[example.task].difficulty(example)
+            sampled[label] += len(group)
+            verified[label] += sum(score_response(example, text) == (True, True) for text in group)
+        for response in accepted(example, group, cfg.max_per_prompt, rank, top_by_rank):
+            kept.append(Example(example.task, example.prompt, example.answer, response, example.meta))
+    statistics = {"accepted": float(len(kept))}
+    if sampled:
+        statistics["acceptance_rate"] = round(sum(verified.values()) / sum(sampled.values()), 6)
+    for label in sorted(sampled):
+        statistics[f"acceptance_rate_by_difficulty/{label}"] = round(verified[label] / sampled[label], 6)
+    return kept, statistics

@@ -1,0 +1,112 @@
+"""On-policy distillation: a ``Learner`` for the RL trainer's loop, with the teacher a frozen role.
+
+Each iteration the student (the actor) samples ``group_size`` responses to each of ``rollout_batch_size``
+prompts through its rollout engine, and the teacher reads every token the student sampled:
+
+- a sampled-token loss (``reverse_kl``): log π_t − log π_s at each sampled token, with π_s the policy that
+  sampled it, is a dense per-token advantage, trained by the policy loss (``policy_loss``) as any advantage is;
+- a full-vocabulary loss (``gkd``): the teacher's logits at every response position, and the actor minimises
+  the divergence to them in its update, beside the policy loss.
+
+``reward_coef`` > 0 adds the verifier's scalar reward (``rewards`` through the ``advantage`` estimator) to those
+advantages: the dense distillation signal plus a task reward. With ``lmbda`` < 1 a fraction 1 − λ of the
+iterations, spread evenly, train on the teacher's own verified responses (``teacher_data``) instead of
+samples (GKD's mixture; a full-vocabulary loss only, since a sampled-token estimate needs the student's samples).
+"""
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from tasks.common.config import DistillConfig
+from tasks.common.training import epoch_batch
+from tasks.data.problems import Example
+from tasks.rl.core_algos import ADVANTAGE_ESTIMATORS, shaped_rewards
+from tasks.rl.distill_losses import DISTILL_LOSSES
+from tasks.rl.sequences import finished_response_ids, pack
+from tasks.rl.trainer import Learner, LoopState, Rollout, policy_metrics, prepare_scores, sampled_logprobs
+from tasks.rl.workers import Worker, updates_per_rollout
+from tasks.rollout.engine import Completion
+
+
+def distill_roles(cfg: DistillConfig) -> set[str]:
+    return {"teacher"} | ({"reference"} if cfg.kl_loss != "none" else set())
+
+
+def learn_distillation(
+    roles: dict[str, Worker],
+    rollout: Rollout,
+    tokenizer,
+    cfg: DistillConfig,
+    state: LoopState,
+    clock: dict[str, float],
+) -> dict[str, float]:
+    started = time.perf_counter()
+    batch = pack(
+        [tokenizer(e.prompt)["input_ids"] for e in rollout.examples],
+        [c.token_ids for c in rollout.completions],
+        tokenizer.pad_token_id,
+    )
+    mask = batch.response_mask
+    loss = DISTILL_LOSSES[cfg.loss]
+    teacher_call = roles["teacher"].call("logits" if loss.full_vocabulary else "logprobs", batch)
+    reference_call = roles["reference"].call("logprobs", batch) if "reference" in roles else None
+    sampled = sampled_logprobs(rollout.completions, mask) if rollout.on_policy else None
+    # One update on the responses the current policy sampled: π_old is the policy itself, its log-probs the
+    # update's own forward pass; otherwise the sampler's (on-policy) or a pass of the actor's (teacher data).
+    single_update = updates_per_rollout(len(mask), cfg) == 1 and cfg.sync_every == 1
+    old_logprobs = None
+    if not single_update:
+        old_logprobs = sampled if rollout.on_policy else roles["actor"].call("logprobs", batch).result()
+
+    advantages = torch.zeros_like(mask)
+    if cfg.reward_coef and rollout.on_policy:
+        token_rewards = shaped_rewards(prepare_scores(rollout.scores, cfg, state.moments), mask)
+        advantages = cfg.reward_coef * ADVANTAGE_ESTIMATORS[cfg.advantage](token_rewards, mask, cfg.group_size)[0]
+    teacher = teacher_call.result()
+    ref_logprobs = reference_call.result() if reference_call is not None else None
+    metrics = {}
+    if not loss.full_vocabulary:
+        # the estimate is unbiased under the policy that sampled the tokens: its log-probs, not the trainer's
+        divergence = loss(sampled, teacher, mask)
+        advantages = advantages - divergence
+        metrics["divergence"] = (divergence.sum() / mask.sum().clamp(min=1)).item()
+    passed = time.perf_counter()
+    clock["time/score"] += passed - started
+    full_vocabulary_targets = teacher if loss.full_vocabulary else None
+    update, old = (
+        roles["actor"]
+        .call("update", batch, old_logprobs, advantages, ref_logprobs, state.kl_coef, full_vocabulary_targets)
+        .result()
+    )
+    clock["time/train"] += time.perf_counter() - passed
+    metrics |= update
+    if rollout.on_policy:
+        metrics |= policy_metrics(sampled, old, ref_logprobs, mask)
+    return metrics
+
+
+def teacher_batches(
+    examples: list[Example], tokenizer, cfg: DistillConfig, seed: int
+) -> Callable[[int], Rollout | None]:
+    """Iteration i's rollout from the teacher's verified ``examples`` on the iterations GKD's λ leaves to them
+    (1 − λ of them, spread evenly: i is a student iteration when ⌊(i + 1) λ⌋ > ⌊i λ⌋), else None (sample)."""
+    size = cfg.rollout_batch_size * cfg.group_size
+
+    def draw(iteration: int) -> Rollout | None:
+        if int((iteration + 1) * cfg.lmbda) > int(iteration * cfg.lmbda):
+            return None
+        chosen = [examples[i] for i in epoch_batch(len(examples), size, iteration, seed)]
+        completions = [
+            Completion(row, finished_response_ids(tokenizer, e.solution), e.solution, [])
+            for row, e in enumerate(chosen)
+        ]
+        return Rollout(chosen, completions, torch.zeros(len(chosen)), {}, {}, on_policy=False)
+
+    return draw
+
+
+def distillation_learner(cfg: DistillConfig, teacher_examples: list[Example], tokenizer, seed: int) -> Learner:
+    offline = teacher_batches(teacher_examples, tokenizer, cfg, seed) if cfg.lmbda < 1 else None
+    return Learner(distill_roles, learn_distillation, offline)

@@ -1,0 +1,158 @@
+"""On-policy distillation in the RL loop: the student moves toward the teacher under each loss, the teacher stays
+frozen, GKD's teacher batches, and a teacher or student with another vocabulary is refused before any work."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from flows.cli import main
+from models import build_char_tokenizer, build_tiny_llama, load_tokenizer
+from tasks.common.config import BaseConfig, ConfigError, Params, _distill_defaults
+from tasks.common.params import load_params
+from tasks.common.training import make_deterministic
+from tasks.data.problems import Example
+from tasks.rl.distill_losses import DISTILL_LOSSES
+from tasks.rl.distillation import distill_roles, learn_distillation, teacher_batches
+from tasks.rl.sequences import finished_response_ids, pack, response_logprobs
+from tasks.rl.trainer import LoopState, collect
+from tasks.rl.workers import place
+from tests.conftest import tiny_model
+from tests.test_rl_loop import DigitScorer, new_clock
+
+SEED = 0
+
+
+def _sharp_model(path: Path, seed: int, tokenizer=None, sharpness: float = 4.0, noise: float = 0.0) -> Path:
+    """A random tiny Llama whose next-token distributions are peaked (its tied embeddings scaled up), so a student
+    has somewhere definite to go; ``noise`` perturbs every weight by that fraction of its tensor's std."""
+    tokenizer = tokenizer or build_char_tokenizer()
+    size = BaseConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+    model = build_tiny_llama(size, tokenizer, seed)
+    generator = torch.Generator().manual_seed(seed + 1000)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(sharpness)
+        for tensor in model.parameters():
+            tensor.add_(torch.randn(tensor.shape, generator=generator) * noise * tensor.std())
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory) -> Path:
+    return _sharp_model(tmp_path_factory.mktemp("teacher"), seed=1)
+
+
+@pytest.fixture(scope="module")
+def student_dir(tmp_path_factory) -> Path:
+    """The teacher with its weights perturbed: a student that half knows what the teacher does, as after SFT on
+    the teacher's samples (from a random start the sampled-token signal is too sparse for a short test)."""
+    return _sharp_model(tmp_path_factory.mktemp("student"), seed=1, noise=0.5)
+
+
+def _exact_reverse_kl(roles, batch) -> float:
+    """KL(π_s ‖ π_t) per token over the whole vocabulary, on ``batch``."""
+    with torch.no_grad():
+        student = response_logprobs(roles["actor"].handle.model, batch, 1.0)[1]
+    divergence = DISTILL_LOSSES["gkd"](student, roles["teacher"].handle.logits(batch), batch.response_mask, beta=1.0)
+    return (divergence.sum() / batch.response_mask.sum()).item()
+
+
+@pytest.mark.parametrize(("loss", "beta"), [("reverse_kl", 0.5), ("gkd", 0.5), ("gkd", 0.0), ("gkd", 1.0)])
+def test_on_policy_distillation_moves_the_student_toward_a_frozen_teacher(
+    student_dir, teacher_dir, one_thread, loss, beta
+):
+    """15 iterations of collect + learn: the student's exact reverse KL to the teacher on a fixed batch of its
+    first samples falls by 40% or more, and the teacher's weights do not move."""
+    steps = 15
+    cfg = replace(
+        _distill_defaults(),
+        loss=loss,
+        beta=beta,
+        steps=steps,
+        rollout_batch_size=8,
+        group_size=4,
+        actor_lr=3e-3,
+        warmup_steps=0,
+        max_new_tokens=8,
+    )
+    params = Params(seed=SEED, device="cpu")
+    make_deterministic(SEED)
+    roles = place(params, cfg, student_dir, [], distill_roles(cfg), teacher_dir)
+    tokenizer, state = load_tokenizer(student_dir), LoopState()
+    examples = [Example("arithmetic", f"{a}+{b}=", str(a + b), "") for a in range(4) for b in range(4)]
+    first, _ = collect(roles, DigitScorer(), examples, cfg, LoopState(), SEED + 1, new_clock())
+    fixed = pack(
+        [tokenizer(e.prompt)["input_ids"] for e in first.examples],
+        [c.token_ids for c in first.completions],
+        tokenizer.pad_token_id,
+    )
+    before, history = _exact_reverse_kl(roles, fixed), []
+    for _ in range(steps):
+        rollout, _ = collect(roles, DigitScorer(), examples, cfg, state, SEED, new_clock())
+        history.append(learn_distillation(roles, rollout, tokenizer, cfg, state, new_clock()))
+    assert _exact_reverse_kl(roles, fixed) < 0.6 * before
+    assert history[0]["logprob_parity"] < 1e-4  # the student sampled with the weights it trains
+    on_disk = load_file(teacher_dir / "model.safetensors")
+    in_role = roles["teacher"].handle.model.state_dict()
+    assert all(torch.equal(in_role[name], tensor) for name, tensor in on_disk.items())
+
+
+def test_a_verifier_reward_adds_its_advantage_to_the_teachers(student_dir, teacher_dir, one_thread):
+    """reward_coef scales the reward's advantage beside the dense one: with a reward the update differs, and at
+    reward_coef 0 the reward does not enter at all (the same update as without any reward function)."""
+
+    def first_update(**changes) -> dict[str, float]:
+        cfg = replace(_distill_defaults(), rollout_batch_size=4, group_size=4, max_new_tokens=6, **changes)
+        make_deterministic(SEED)
+        roles = place(Params(seed=SEED, device="cpu"), cfg, student_dir, [], distill_roles(cfg), teacher_dir)
+        examples = [Example("arithmetic", f"{a}+1=", str(a + 1), "") for a in range(8)]
+        rollout, _ = collect(roles, DigitScorer(), examples, cfg, LoopState(), SEED, new_clock())
+        return learn_distillation(roles, rollout, load_tokenizer(student_dir), cfg, LoopState(), new_clock())
+
+    without, zero = first_update(rewards={}), first_update(reward_coef=0.0)
+    assert without["policy_loss"] == zero["policy_loss"]
+    assert first_update(reward_coef=1.0)["policy_loss"] != zero["policy_loss"]
+
+
+@pytest.mark.parametrize(("lmbda", "teacher_iterations"), [(1.0, []), (0.5, [0, 2, 4, 6]), (0.25, [0, 1, 2, 4, 5, 6])])
+def test_gkd_lambda_leaves_an_even_share_of_iterations_to_the_teachers_responses(
+    student_dir, lmbda, teacher_iterations
+):
+    tokenizer = load_tokenizer(student_dir)
+    sums = [(a, b) for a in range(5) for b in range(5)]
+    examples = [Example("arithmetic", f"{a}+{b}=", str(a + b), f"<answer>{a + b}</answer>") for a, b in sums]
+    cfg = replace(_distill_defaults(), loss="gkd", lmbda=lmbda, rollout_batch_size=3, group_size=2)
+    draw = teacher_batches(examples, tokenizer, cfg, SEED)
+    drawn = {i: draw(i) for i in range(8)}
+    assert [i for i, rollout in drawn.items() if rollout is not None] == teacher_iterations
+    for rollout in filter(None, drawn.values()):
+        assert not rollout.on_policy and len(rollout.examples) == 6
+        for example, completion in zip(rollout.examples, rollout.completions, strict=True):
+            assert completion.token_ids == finished_response_ids(tokenizer, example.solution)
+
+
+def test_a_teacher_with_another_vocabulary_is_refused_before_any_training(project, student_dir, capsys):
+    other = build_char_tokenizer()
+    other.add_tokens(["§"])
+    _sharp_model(project / "artifacts/grpo", seed=1, tokenizer=other)
+    tiny_model(project / "artifacts/sft_distill")
+    (project / "artifacts/data").mkdir()
+    assert main(["stage", "distill"]) == 2
+    error = capsys.readouterr().err
+    assert "distill.teacher: the tokenizer of grpo is not the student's (distill.init=sft_distill)" in error
+    assert "105 tokens against the teacher's 106" in error or "tokens against the teacher's" in error
+    assert not (project / "artifacts/distill").exists() and not (project / ".alignflow").exists()
+
+
+def test_a_student_model_path_with_another_vocabulary_is_refused_when_params_load(tmp_path):
+    other = build_char_tokenizer()
+    other.add_tokens(["§"])
+    student = _sharp_model(tmp_path / "student", seed=2, tokenizer=other)
+    with pytest.raises(ConfigError, match="student_base.model_path: the tokenizer of .* is not the teacher's"):
+        load_params(Path(__file__).parents[1] / "params.yaml", [f"student_base.model_path={student}"])
+    same = _sharp_model(tmp_path / "same", seed=2)
+    assert load_params(Path(__file__).parents[1] / "params.yaml", [f"student_base.model_path={same}"])
