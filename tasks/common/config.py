@@ -500,13 +500,15 @@ class DistillConfig(RLConfig):
 
 
 def _distill_defaults() -> DistillConfig:
+    # Measured from the SFT student (held-out greedy pass@1 0.775, sampled 0.604): 300 iterations at 3e-4 gave 0.775
+    # and 0.685; at 1e-4 0.715 / 0.628, at 1e-3 0.680 / 0.600 (README).
     return DistillConfig(
-        steps=100,
+        steps=300,
         rollout_batch_size=32,
         group_size=4,
         minibatch_size=128,
         epochs=1,
-        actor_lr=1e-4,
+        actor_lr=3e-4,
         warmup_steps=5,
         advantage="grpo",
         policy_loss="token_mean",

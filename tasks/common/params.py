@@ -25,6 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from tasks.common.config import (
     ConfigError,
+    DistillConfig,
     ModelSizeConfig,
     OnlineDPOConfig,
     Params,
@@ -190,7 +191,10 @@ def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
 
     base = params.base
     estimator = core_algos.ADVANTAGE_ESTIMATORS.get(cfg.advantage)  # an unknown name is reported by its field
+    # distillation runs the estimator only to mix in a reward
     compares_group = estimator is not None and estimator.compares_group
+    if isinstance(cfg, DistillConfig) and cfg.reward_coef == 0:
+        compares_group = False
     if cfg.group_size < 2 and (compares_group or cfg.dynamic_sampling):
         why = f"advantage={cfg.advantage}" if compares_group else "dynamic sampling"
         yield f"{name}.group_size: {why} compares the responses of a prompt, needs >= 2, got {cfg.group_size}"

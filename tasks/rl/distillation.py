@@ -16,11 +16,13 @@ samples (GKD's mixture; a full-vocabulary loss only, since a sampled-token estim
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 from tasks.common.config import DistillConfig
 from tasks.common.training import epoch_batch
+from tasks.data.datasets import DatasetError, read_examples
 from tasks.data.problems import Example
 from tasks.rl.core_algos import ADVANTAGE_ESTIMATORS, shaped_rewards
 from tasks.rl.distill_losses import DISTILL_LOSSES
@@ -107,6 +109,15 @@ def teacher_batches(
     return draw
 
 
-def distillation_learner(cfg: DistillConfig, teacher_examples: list[Example], tokenizer, seed: int) -> Learner:
-    offline = teacher_batches(teacher_examples, tokenizer, cfg, seed) if cfg.lmbda < 1 else None
-    return Learner(distill_roles, learn_distillation, offline)
+def distillation_learner(cfg: DistillConfig, teacher_data: Path, tokenizer, seed: int) -> Learner:
+    """The distillation learner; below λ = 1 it reads the teacher's verified responses from ``teacher_data``."""
+    if cfg.lmbda == 1:
+        return Learner(distill_roles, learn_distillation)
+    examples = read_examples(teacher_data)
+    batch = cfg.rollout_batch_size * cfg.group_size
+    if len(examples) < batch:
+        raise DatasetError(
+            f"{teacher_data}: {len(examples)} rows, fewer than a batch of distill.rollout_batch_size x "
+            f"distill.group_size = {batch}, which distill.lmbda < 1 takes from it"
+        )
+    return Learner(distill_roles, learn_distillation, teacher_batches(examples, tokenizer, cfg, seed), (teacher_data,))

@@ -18,9 +18,11 @@ One iteration, top to bottom:
    ``ref_reset_every`` iterations the reference becomes the current policy.
 
 Steps 3-5 are the policy-gradient ``Learner``; a stage may hand ``train`` another (``online_dpo``'s
-preference update, ``tasks/rl/online_preference.py``), which reuses the rollout, scoring, monitoring and
-checkpoints. With ``heldout_every``, the policy is also sampled on a fixed held-out slice before the first
-iteration and every ``heldout_every`` after (``heldout/gold_reward``; ``dip`` and ``recovery_iterations``).
+preference update, ``tasks/rl/online_preference.py``; ``distill``'s, ``tasks/rl/distillation.py``, with a frozen
+teacher as one more role), which reuses the rollout, scoring, monitoring and checkpoints; a learner may also
+take some iterations' responses from a dataset instead of the policy (GKD's teacher batches). With
+``heldout_every``, the policy is also sampled on a fixed held-out slice before the first iteration and every
+``heldout_every`` after (``heldout/gold_reward``; ``dip`` and ``recovery_iterations``).
 
 The gold judge (hidden from training) scores every rollout too, so reward hacking shows as the
 reward rising while the gold reward falls. A checkpoint every ``save_every`` iterations holds the
@@ -151,6 +153,7 @@ class Learner:
     # The responses of iteration i when they do not come from the policy (GKD's teacher batches): a Rollout, or
     # None to sample as usual.
     offline: Callable[[int], Rollout | None] | None = None
+    inputs: tuple[Path, ...] = ()  # files it reads besides the policy and the prompts: a resume must see the same
 
 
 def reward_roles(cfg: RLConfig) -> set[str]:
@@ -432,7 +435,7 @@ def train(
 
     config = {"stage": stage, "seed": params.seed, "device": params.device, **to_dict(cfg)}
     teacher = [teacher_dir] if teacher_dir is not None else []
-    checkpointer = Checkpointer(stage, config, [init_dir, train_file, *reward_dirs, *teacher])
+    checkpointer = Checkpointer(stage, config, [init_dir, train_file, *reward_dirs, *teacher, *learner.inputs])
     state = LoopState(kl_coef=cfg.kl_coef)
     if (checkpoint := checkpointer.load()) is not None:
         for role in ("actor", "critic"):
@@ -491,7 +494,7 @@ def train(
             if state.step % cfg.save_every == 0 and state.step < cfg.steps:
                 checkpointer.save(_checkpoint(roles, state, reference_reset))
         final = _latest(state.history)
-        for name in ("reward", "gold_reward", "accuracy", "kl", "kl_coef", "entropy"):
+        for name in ("reward", "gold_reward", "accuracy", "kl", "kl_coef", "entropy", "divergence"):
             if name in final:
                 live.summary[name] = final[name]
         live.summary["kl_budget"] = cfg.kl_budget

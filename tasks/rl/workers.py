@@ -41,7 +41,7 @@ from tasks.rl.core_algos import (
 )
 from tasks.rl.distill_losses import DISTILL_LOSSES
 from tasks.rl.preference_losses import PairLogprobs, preference_loss, sequence_logprobs
-from tasks.rl.sequences import PackedBatch, response_logprobs, score_texts
+from tasks.rl.sequences import PackedBatch, response_logprobs, score_texts, shared_prompt_logits
 from tasks.rollout.engine import Completion, RolloutEngine, Sampling
 from tasks.rollout.hf_engine import HFEngine
 
@@ -312,9 +312,8 @@ class FrozenWorker:
     def logits(self, batch: PackedBatch) -> torch.Tensor:
         """(B, T, V): the next-token logits at every response position, at the temperature, over the tokenizer's
         vocabulary (what a divergence over the full vocabulary compares)."""
-        return response_logprobs(self.model, batch.to(self.model.device), self.temperature)[1][
-            ..., : self.vocabulary
-        ].cpu()
+        logits = shared_prompt_logits(self.model, batch.to(self.model.device))[..., : self.vocabulary]
+        return (logits.float() / self.temperature).cpu()
 
     def weights(self) -> dict[str, torch.Tensor]:
         return {name: tensor.cpu() for name, tensor in self.model.state_dict().items()}
