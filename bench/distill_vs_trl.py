@@ -101,9 +101,6 @@ def alignflow_leg(project: Path, prompts: Path, steps: int, batch: int, out: Pat
         "distill.beta": s["beta"],
         "distill.lmbda": s["lmbda"],
         "distill.reward_coef": 0.0,
-        # Never run at reward_coef 0, but params refuse group_size 1 with an estimator that compares a group
-        # (the default grpo); reinforce_pp compares nothing.
-        "distill.advantage": "reinforce_pp",
         "distill.kl_loss": "none",
         "distill.sync_every": 1,
         "distill.colocate": "true",
