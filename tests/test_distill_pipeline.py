@@ -87,3 +87,35 @@ def test_distill_killed_mid_run_resumes_to_identical_weights(distill):
     dvc(path, "repro", "--force", "--single-item", "distill")  # the default loss again, after the gkd run above
     assert "distill: resuming from the checkpoint at step 2" in resume_after_kill("distill", path)
     assert (path / "artifacts/distill/model.safetensors").read_bytes() == distill["weights"]
+
+
+def test_the_teacher_runs_on_a_ray_actor_of_its_own_when_not_colocated(distill, monkeypatch):
+    import ray
+    import torch
+
+    from models import load_tokenizer
+    from tasks.common.artifacts import DATA_DIR, model_dir
+    from tasks.common.params import load_params
+    from tasks.rl.distillation import distill_roles, learn_distillation
+    from tasks.rl.rewards import RewardScorer
+    from tasks.rl.trainer import LoopState, collect
+    from tasks.rl.workers import place
+
+    monkeypatch.chdir(distill["path"])
+    params = load_params("params.yaml", ["distill.colocate=false"])
+    cfg = params.distill
+    try:
+        roles = place(params, cfg, model_dir(cfg.init), [], distill_roles(cfg), model_dir(cfg.teacher))
+        assert roles["teacher"].remote and roles["actor"].remote
+        teacher = roles["teacher"].call("weights").result()
+        examples, tokenizer = read_examples(DATA_DIR / "train.jsonl"), load_tokenizer(model_dir(cfg.init))
+        state, clock = LoopState(), dict.fromkeys(("time/generate", "time/score", "time/train"), 0.0)
+        with RewardScorer(cfg.rewards, cfg.reward_timeout_seconds) as scorer:
+            for _ in range(2):
+                rollout, _ = collect(roles, scorer, examples, cfg, state, params.seed, clock)
+                metrics = learn_distillation(roles, rollout, tokenizer, cfg, state, clock)
+        assert metrics["divergence"] > 0
+        after = roles["teacher"].call("weights").result()
+        assert all(torch.equal(teacher[name], after[name]) for name in teacher)
+    finally:
+        ray.shutdown()
