@@ -26,7 +26,7 @@ from tasks.data.datasets import DatasetError, read_examples
 from tasks.data.problems import Example
 from tasks.rl.core_algos import ADVANTAGE_ESTIMATORS, shaped_rewards
 from tasks.rl.distill_losses import DISTILL_LOSSES
-from tasks.rl.sequences import finished_response_ids, pack
+from tasks.rl.sequences import finished_response_ids
 from tasks.rl.trainer import Learner, LoopState, Rollout, policy_metrics, prepare_scores, sampled_logprobs
 from tasks.rl.workers import Worker, updates_per_rollout
 from tasks.rollout.engine import Completion
@@ -45,11 +45,7 @@ def learn_distillation(
     clock: dict[str, float],
 ) -> dict[str, float]:
     started = time.perf_counter()
-    batch = pack(
-        [tokenizer(e.prompt)["input_ids"] for e in rollout.examples],
-        [c.token_ids for c in rollout.completions],
-        tokenizer.pad_token_id,
-    )
+    batch = rollout.packed(tokenizer)
     mask = batch.response_mask
     loss = DISTILL_LOSSES[cfg.loss]
     teacher_call = roles["teacher"].call("logits" if loss.full_vocabulary else "logprobs", batch)

@@ -11,7 +11,6 @@ import time
 
 from tasks.common.config import OnlineDPOConfig
 from tasks.rl.preference_losses import PREFERENCE_LOSSES, best_and_worst
-from tasks.rl.sequences import pack
 from tasks.rl.trainer import Learner, LoopState, Rollout, policy_metrics, reward_roles, sampled_logprobs
 from tasks.rl.workers import Worker
 
@@ -34,11 +33,7 @@ def learn_preferences(
         return {"pairs": 0.0}
     rows = [*chosen.tolist(), *rejected.tolist()]
     completions = [rollout.completions[row] for row in rows]
-    batch = pack(
-        [tokenizer(rollout.examples[row].prompt)["input_ids"] for row in rows],
-        [completion.token_ids for completion in completions],
-        tokenizer.pad_token_id,
-    )
+    batch = rollout.packed(tokenizer, rows)
     ref_logprobs = roles["reference"].call("logprobs", batch).result() if "reference" in roles else None
     passed = time.perf_counter()
     clock["time/score"] += passed - started

@@ -66,7 +66,7 @@ from tasks.rl.core_algos import (
     shaped_rewards,
 )
 from tasks.rl.rewards import REWARD_MODEL, RewardInputs, RewardScorer
-from tasks.rl.sequences import pack
+from tasks.rl.sequences import PackedBatch, pack
 from tasks.rl.workers import Worker, place, updates_per_rollout
 from tasks.rollout.engine import Completion, Sampling
 
@@ -117,6 +117,16 @@ class Rollout:
     components: dict[str, torch.Tensor]  # (N,) each reward function's own reward
     failures: dict[str, int]
     on_policy: bool = True  # False: responses taken from a dataset (a teacher's), not sampled from the policy
+
+    def packed(self, tokenizer, rows: list[int] | None = None) -> PackedBatch:
+        """The responses of ``rows`` (all by default) packed after their prompts, each distinct prompt tokenised
+        once (a group's responses share theirs)."""
+        rows = range(len(self.completions)) if rows is None else rows
+        prompts = [self.examples[row].prompt for row in rows]
+        distinct = list(dict.fromkeys(prompts))
+        prompt_ids = dict(zip(distinct, tokenizer(distinct)["input_ids"], strict=True))
+        responses = [self.completions[row].token_ids for row in rows]
+        return pack([prompt_ids[prompt] for prompt in prompts], responses, tokenizer.pad_token_id)
 
     def groups(self, keep: torch.Tensor, group_size: int) -> "Rollout":
         rows = torch.arange(len(self.scores)).view(-1, group_size)[keep].flatten().tolist()
@@ -264,11 +274,7 @@ def learn(
 ) -> dict[str, float]:
     """Advantages and updates on one scored rollout; returns the iteration's training metrics."""
     started = time.perf_counter()
-    batch = pack(
-        [tokenizer(e.prompt)["input_ids"] for e in rollout.examples],
-        [c.token_ids for c in rollout.completions],
-        tokenizer.pad_token_id,
-    )
+    batch = rollout.packed(tokenizer)
     mask = batch.response_mask
     engine_logprobs = sampled_logprobs(rollout.completions, mask)
     # One update per rollout: π_old is the actor as it is, and the update's own forward pass gives its
