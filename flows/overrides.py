@@ -1,65 +1,172 @@
-"""The typed parameter form of a pipeline run, generated from the params dataclasses.
+"""A pipeline's run form: the params its stages read, at their current values, as one pydantic model.
 
-Prefect builds a deployment's form (and validates runs created through its API)
-from the flow's signature; the flow takes one ``Overrides`` argument, a pydantic
-model mirroring ``tasks.common.config.Params`` section by section with every field
-optional (unset: keep params.yaml) and carrying the same help, ranges and
-choices. The flow then re-validates through ``load_params``, so cross-field rules
-(max length vs prompt length, paths that must exist) hold for UI runs exactly as
-for the CLI.
+Prefect builds a deployment's parameter form (and validates runs created through its API) from the
+flow's signature. A pipeline's flow takes one argument whose model holds exactly the params that the
+pipeline's dvc.yaml stages list under ``params:``, each a field of a plain type with the param's help,
+range or choices and, as its default, the value params.yaml holds; each section is a group titled with
+its key and its help in ``tasks/common/config.py``. The form sends every value; only those that differ
+from params.yaml become overrides, which ``load_params`` validates with the CLI's rules (cross-field
+ones too) before the flow writes them into params.yaml.
 """
 
 import dataclasses
+import json
+import types
 import typing
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from omegaconf import OmegaConf
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_serializer
 
-from tasks.common.config import Params
+from flows.catalog import PIPELINES
+from flows.runner import read_dag
+from tasks.common.config import ConfigError, Params
 from tasks.common.params import choices
 
 # Where work is placed (Ray addresses, resources) is the deployment's business, not a run's: it stays in params.yaml.
 _PLACEMENT = ("runner", "roles")
 
 
-def _field(annotation: Any, f: dataclasses.Field) -> tuple[Any, Any]:
-    checks = f.metadata
+class _Group(BaseModel):
+    """A group of the form: unknown keys are refused, and a null param is left out of what it serialises to."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Prefect's form fills itself from this serialisation (the flow parameter's default), and sends what it holds:
+    # a null there, against a field of a plain type, would make the server refuse every submission.
+    @model_serializer(mode="wrap")
+    def _without_nulls(self, serialize: Any) -> dict[str, Any]:
+        return {name: value for name, value in serialize(self).items() if value is not None}
+
+
+def pipeline_keys(pipeline: str, params: Params, project: Path) -> list[str]:
+    """The params keys the stages of ``pipeline`` read, as dvc.yaml lists them, in the order the stages run;
+    a key inside a section that is listed whole is left out (``eval.batch_size`` beside ``eval``)."""
+    keys: list[str] = []
+    for stage in read_dag(project, PIPELINES[pipeline].stages(params)):
+        keys += [key for key in stage.params if key not in keys]
+    return [key for key in keys if not any(key.startswith(f"{other}.") for other in keys)]
+
+
+def form_model(pipeline: str, params: Params, project: Path = Path(".")) -> type[BaseModel]:
+    """The run form of ``pipeline`` in ``project``: every param its stages read, defaulting to its value in
+    ``params``."""
+    selected: dict[str, Any] = {}
+    for key in pipeline_keys(pipeline, params, project):
+        *sections, name = key.split(".")
+        node = selected
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[name] = True
+    return _group(params, selected, "", f"{pipeline}_form")
+
+
+def _group(config: Any, selected: dict[str, Any] | Literal[True], prefix: str, name: str) -> type[BaseModel]:
+    """A model of the fields of ``config`` (the params under ``prefix``) that ``selected`` names (True: all of
+    them), defaulting to their values."""
+    hints = typing.get_type_hints(type(config))
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(config):
+        if f.name in _PLACEMENT or (selected is not True and f.name not in selected):
+            continue
+        key, value, help = f"{prefix}{f.name}", getattr(config, f.name), f.metadata.get("help", "")
+        if dataclasses.is_dataclass(value):
+            below = True if selected is True else selected[f.name]
+            fields[f.name] = _titled(_group(value, below, f"{key}.", key.replace(".", "_")), key, help)
+        elif isinstance(value, dict):
+            if (weights := _weights(value, key)) is not None:
+                fields[f.name] = _titled(weights, key, help)
+        else:
+            fields[f.name] = _field(hints[f.name], f, key, value)
+    # Named after its key (sft, task_countdown), so the schema's definitions read as the params they hold.
+    return create_model(name, __base__=_Group, **fields)
+
+
+def _titled(group: type[BaseModel], key: str, help: str) -> tuple[type[BaseModel], Any]:
+    """A group's field, titled with its key and the help of its section (``sft — Supervised fine-tuning ...``)."""
+    # pydantic leaves the title off a field that refers to a model, and Prefect's form would then label the group
+    # with its bare key: the title goes into the field's schema as it stands.
+    title = f"{key} — {help.rstrip('.')}"
+    return group, Field(group(), title=title, json_schema_extra={"title": title})
+
+
+def _weights(mix: dict[str, Any], key: str) -> type[BaseModel] | None:
+    """A reward mix as one number field per reward it holds; None for a dict of sections (``rounds``) or a mix
+    with nothing the form can offer.
+
+    Which rewards a mix holds, or which rounds R1 runs, is not a value the form can change: an override merges
+    into a dict key by key and never removes one. So the form offers the weights of the rewards params.yaml
+    names, but not a reward of your own (``module:function`` is no override key) nor the rounds: those are
+    edited in params.yaml.
+    """
+    if not all(isinstance(weight, float | int) for weight in mix.values()):
+        return None
+    fields = {
+        name: (float, Field(weight, title=f"{key}.{name}", allow_inf_nan=False))
+        for name, weight in mix.items()
+        if name.isidentifier()
+    }
+    return create_model(key.replace(".", "_"), __base__=_Group, **fields) if fields else None
+
+
+def _plain(schema: dict[str, Any]) -> None:
+    """A nullable field's schema as its plain type: Prefect's form shows a union as a type toggle hiding the value,
+    and a type list (["integer", "null"]) as no input at all."""
+    schema.update(next(option for option in schema.pop("anyOf") if option.get("type") != "null"))
+    if schema.get("default", 0) is None:
+        del schema["default"]  # an empty field, left out of what the form sends
+
+
+def _field(annotation: Any, f: dataclasses.Field, key: str, value: Any) -> tuple[Any, Any]:
+    """A param's field: its type (or its choices), help and range, titled with its full key."""
+    checks, extra = f.metadata, None
     if (allowed := choices(f)) is not None:
         annotation = Literal[allowed]
+    elif typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        # Null stays valid (the CLI's `sft.num_examples=null`), but the form cannot send it: a field emptied there
+        # is left out, which keeps the value params.yaml holds.
+        extra = _plain
     bounds = {name: checks[name] for name in ("gt", "ge", "lt", "le") if name in checks}
-    return annotation | None, Field(None, description=checks.get("help"), **bounds)
+    return annotation, Field(value, title=key, description=checks.get("help"), json_schema_extra=extra, **bounds)
 
 
-def _model(cls: type, name: str, description: str, prefix: str = "") -> type[BaseModel]:
-    hints = typing.get_type_hints(cls)
-    fields = {}
-    for f in dataclasses.fields(cls):
-        if f.name in _PLACEMENT:
-            continue
-        if dataclasses.is_dataclass(hints[f.name]):
-            sub = _model(hints[f.name], f"{name}{f.name.title()}", f.metadata["help"], f"{prefix}{f.name}.")
-            fields[f.name] = (sub | None, Field(None, description=f.metadata.get("help")))
+def _leaves(values: BaseModel, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for name in type(values).model_fields:
+        value = getattr(values, name)
+        if isinstance(value, BaseModel):
+            yield from _leaves(value, f"{prefix}{name}.")
         else:
-            fields[f.name] = _field(hints[f.name], f)
-    return create_model(name, __config__=ConfigDict(extra="forbid"), __doc__=description, **fields)
+            yield f"{prefix}{name}", value
 
 
-Overrides = _model(Params, "Overrides", "Settings for this run; anything left empty keeps its value in params.yaml.")
+def _current(params: Params, key: str) -> Any:
+    value: Any = params
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else getattr(value, part)
+    return value
 
 
-def to_dotlist(overrides: BaseModel | dict | None) -> list[str]:
-    """The set fields of an Overrides as omegaconf dotlist entries: ``["sft.lr=0.0001", ...]``."""
-    if overrides is None:
-        return []
-    values = overrides.model_dump(exclude_none=True) if isinstance(overrides, BaseModel) else overrides
+def changed_overrides(values: BaseModel, params: Params) -> list[str]:
+    """The dotlist overrides (``['sft.lr=0.0001']``) that set what the form ``values`` hold where it differs from
+    ``params``: none for a form submitted unchanged."""
+    # JSON quotes a string, so a value such as "1" or "null" stays a string through omegaconf's and DVC's parsers.
+    return [f"{key}={json.dumps(value)}" for key, value in _leaves(values) if value != _current(params, key)]
 
-    def flatten(tree: dict, prefix: str = "") -> list[str]:
-        entries = []
-        for key, value in tree.items():
-            if isinstance(value, dict):
-                entries += flatten(value, f"{prefix}{key}.")
-            elif value is not None:
-                entries.append(f"{prefix}{key}={value}")
-        return entries
 
-    return flatten(values)
+def form_values(pipeline: str, form: type[BaseModel], overrides: Sequence[str]) -> BaseModel:
+    """The form of ``pipeline`` filled in from dotlist ``overrides`` (the rest at its defaults), as the CLI takes
+    them; a key the form does not hold, or a value it refuses, is a ConfigError naming the key."""
+    try:
+        return form.model_validate(OmegaConf.to_container(OmegaConf.from_dotlist(list(overrides))))
+    except ValidationError as error:
+        errors = []
+        for problem in error.errors():
+            key = ".".join(str(part) for part in problem["loc"])
+            if problem["type"] == "extra_forbidden":
+                takes = ", ".join(form.model_fields)
+                errors.append(f"{key}: not a param the {pipeline} pipeline's stages read (they read {takes})")
+            else:
+                errors.append(f"{key}: {problem['msg']}")
+        raise ConfigError("invalid override:\n  " + "\n  ".join(errors)) from None

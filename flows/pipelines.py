@@ -1,7 +1,10 @@
 """Prefect flows, one per pipeline of the catalog, each running its part of dvc.yaml on Ray.
 
-A flow run: validate the overrides with the CLI's rules -> write them into
-params.yaml (as ``dvc exp run -S`` does, so dvc.lock records the values used) ->
+A flow's one parameter is its pipeline's run form (``flows/overrides.py``), built
+when this module is imported, from the working directory's params.yaml. A flow
+run: the form's values that differ from params.yaml become overrides -> validate
+them with the CLI's rules -> write them into params.yaml (as ``dvc exp run -S``
+does, so dvc.lock records the values used) ->
 run every stage the pipeline needs as a Prefect task, in dependency order,
 skipping those DVC reports up to date -> publish the pipeline report.
 
@@ -9,7 +12,9 @@ Runs of one project are queued: a file lock admits one run at a time, so two
 runs triggered together never interleave writes to params.yaml, outputs or dvc.lock.
 """
 
+import functools
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +23,11 @@ from filelock import FileLock
 from prefect import Flow, flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.futures import PrefectFuture, wait
+from pydantic import BaseModel
 
 from flows.catalog import PIPELINES
-from flows.overrides import Overrides, to_dotlist
+from flows.overrides import changed_overrides, form_model
+from flows.remote import push
 from flows.report import collect, markdown_table, stage_metrics
 from flows.runner import (
     CANCEL_SECONDS,
@@ -35,10 +42,19 @@ from flows.runner import (
 )
 from tasks.common.artifacts import atomic_output
 from tasks.common.cluster import connect_ray, release_ray
-from tasks.common.config import RunnerConfig
+from tasks.common.config import Params, RunnerConfig
 from tasks.common.params import load_params
 
 RUN_LOCK = Path(".alignflow") / "run.lock"
+
+
+def run_lock(project: Path) -> FileLock:
+    """The project's one-run-at-a-time lock; re-entrant on a thread, so a retrain holds it across its pipeline run,
+    gate and registration."""
+    (project / RUN_LOCK).parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(project / RUN_LOCK, is_singleton=True)
+
+
 _POLL_SECONDS = 0.5
 
 
@@ -89,12 +105,12 @@ def write_overrides(params_file: Path, overrides: list[str]) -> None:
         apply_overrides(temporary, overrides)
 
 
-def run_pipeline(name: str, overrides: list[str], project: Path) -> dict[str, dict[str, Any]]:
-    """Run pipeline ``name`` in ``project`` with dotlist ``overrides``; return the pipeline report."""
+def run_pipeline(name: str, overrides: list[str], project: Path, push_after: bool = True) -> dict[str, dict[str, Any]]:
+    """Run pipeline ``name`` in ``project`` with dotlist ``overrides``, then push what it produced to the remote
+    (unless ``push_after`` is false or params say not to); return the pipeline report."""
     logger = get_run_logger()
     params = load_params(project / "params.yaml", overrides)  # the CLI's validation, before anything runs
-    (project / RUN_LOCK).parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(project / RUN_LOCK):
+    with run_lock(project):
         if overrides:
             write_overrides(project / "params.yaml", overrides)
             logger.info(f"params.yaml updated with {', '.join(overrides)}")
@@ -117,22 +133,50 @@ def run_pipeline(name: str, overrides: list[str], project: Path) -> dict[str, di
         finally:
             release_ray()
         report = collect(project)
+        if push_after and params.remote.push:
+            pushed, outcome = push(project, params.remote)
+            (logger.info if pushed else logger.error)(outcome)
     create_markdown_artifact(
         key=f"{name.replace('_', '-')}-report", markdown=markdown_table(report), description=f"{name} pipeline report"
     )
     return report
 
 
-def pipeline_flow(name: str) -> Flow:
-    """The Prefect flow of pipeline ``name``: its one parameter is the typed ``Overrides`` form."""
+def form_flow(
+    module: str, attribute: str, name: str, description: str, form: type[BaseModel], body: Callable[..., Any]
+) -> Flow:
+    """A Prefect flow whose one parameter, ``params``, is a pipeline's run ``form``; it calls ``body(overrides,
+    project)`` with the fields that differ from params.yaml, under the run lock. Deployments load it by module path,
+    so it must be ``module``'s attribute ``attribute``."""
+    current = form()  # every field at the value params.yaml held when the form was built
 
-    def run(overrides: Overrides | None = None) -> dict[str, dict[str, Any]]:
-        return run_pipeline(name, to_dotlist(overrides), Path.cwd())
+    def run(params: BaseModel = current) -> Any:
+        project = Path.cwd()
+        # Compared under the run lock: a run queued behind another compares with the params.yaml that one left.
+        with run_lock(project):
+            return body(changed_overrides(params, load_params(project / "params.yaml")), project)
 
-    # Deployments load a flow by module path (flows.pipelines.<name>), so each is a module attribute of its name.
-    run.__name__ = run.__qualname__ = name
-    return flow(run, name=name, description=PIPELINES[name].description, validate_parameters=True)
+    run.__annotations__["params"] = form  # Prefect's form, and its validation of a run's parameters, read the type
+    run.__name__ = run.__qualname__ = attribute
+    run.__module__ = module
+    return flow(run, name=name, description=description, validate_parameters=True)
 
 
-FLOWS: dict[str, Flow] = {name: pipeline_flow(name) for name in PIPELINES}
+def pipeline_flow(name: str, form: type[BaseModel]) -> Flow:
+    """The Prefect flow of pipeline ``name`` (module attribute ``flows.pipelines.<name>``)."""
+    return form_flow(__name__, name, name, PIPELINES[name].description, form, functools.partial(run_pipeline, name))
+
+
+def _project() -> tuple[Params, Path]:
+    """The params the forms default to, and the project whose dvc.yaml says which each pipeline reads: the working
+    directory's (`alignflow run` and `serve`, and a served run, start in the project), else the dataclass defaults
+    and this source tree's dvc.yaml."""
+    here = Path.cwd()
+    params = load_params(here / "params.yaml") if (here / "params.yaml").is_file() else Params()
+    return params, here if (here / "dvc.yaml").is_file() else Path(__file__).resolve().parents[1]
+
+
+_PARAMS, _PROJECT = _project()
+FORMS: dict[str, type[BaseModel]] = {name: form_model(name, _PARAMS, _PROJECT) for name in PIPELINES}
+FLOWS: dict[str, Flow] = {name: pipeline_flow(name, FORMS[name]) for name in PIPELINES}
 globals().update(FLOWS)

@@ -24,7 +24,9 @@ from pathlib import Path
 
 import networkx as nx
 import ray
+from dvc.dependency.param import ParamsDependency
 from dvc.repo import Repo
+from dvc.stage import PipelineStage
 from dvc.stage.exceptions import StageNotFound
 
 from flows.dag import dependencies_first, open_repo
@@ -45,23 +47,32 @@ class StageSpec:
     name: str
     cmd: str
     upstream: tuple[str, ...]
+    params: tuple[str, ...]  # the params.yaml keys dvc.yaml lists for it: sections (sft) or keys (eval.batch_size)
 
 
 def read_dag(project: Path, targets: tuple[str, ...]) -> list[StageSpec]:
     """The stages ``targets`` need (themselves and everything upstream), in dependency order."""
     with open_repo(project) as repo:
         graph = repo.index.graph  # edges point from a stage to the stages it depends on
-        by_name = {stage.name: stage for stage in graph}
+        # Shards `dvc add`ed under data/ are stages of the graph too (a .dvc file each), with nothing to run.
+        by_name = {stage.name: stage for stage in graph if isinstance(stage, PipelineStage)}
         finals = [by_name[stage.name] for target in targets for stage in _collect(repo, project, target)]
         needed = set().union(*({final, *nx.descendants(graph, final)} for final in finals))
         return [
             StageSpec(
                 stage.name,
                 stage.cmd if isinstance(stage.cmd, str) else " && ".join(stage.cmd),
-                tuple(dependency.name for dependency in graph.successors(stage)),
+                tuple(d.name for d in graph.successors(stage) if isinstance(d, PipelineStage)),
+                tuple(
+                    key
+                    for dependency in stage.deps
+                    if isinstance(dependency, ParamsDependency)
+                    and dependency.def_path == ParamsDependency.DEFAULT_PARAMS_FILE
+                    for key in dependency.params
+                ),
             )
             for stage in dependencies_first(repo)
-            if stage in needed
+            if stage in needed and isinstance(stage, PipelineStage)
         ]
 
 

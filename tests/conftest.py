@@ -18,13 +18,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def project(tmp_path, monkeypatch) -> Path:
-    """An empty working directory holding the repo's params.yaml, as a stage sees it."""
+    """An empty working directory holding the repo's params.yaml and an empty data/, as a stage sees it."""
     shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
+    (tmp_path / "data").mkdir()
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
 
 TINY = [
+    "remote.url=.alignflow/remote",  # each project pushes to a remote of its own, never to ~/.alignflow
     "data.num_train=512",
     "data.num_test=16",
     "base.hidden_size=32",
@@ -117,6 +119,15 @@ TINY = [
     "distill.save_every=2",
 ]
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+
+@pytest.fixture(scope="module")
+def prefect_env(tmp_path_factory):
+    """A Prefect server (SQLite) on 127.0.0.1, one per test module, and the environment pointing clients at it."""
+    from flows.local_server import local_prefect_server
+
+    with local_prefect_server(tmp_path_factory.mktemp("prefect-home"), ENV) as env:
+        yield env
 
 
 def make_project(path: Path, overrides: tuple[str, ...] = ()) -> Path:

@@ -13,8 +13,9 @@ import pytest
 from dvc.repo import Repo
 
 from flows.catalog import PIPELINES
+from flows.registry import check_artifact_path
 from tasks.common.artifacts import stage_dir
-from tasks.common.config import stage_kinds
+from tasks.common.config import ConfigError, stage_kinds
 from tasks.common.params import load_params, read_artifacts
 from tasks.common.registry import parse_stage_name
 from tests.conftest import ENV, REPO, make_project
@@ -80,6 +81,18 @@ def test_every_pipeline_ends_in_stages_of_dvc_yaml(dvc_stages):
     for pipeline in PIPELINES.values():
         assert set(pipeline.stages(params)) <= names | groups
     assert "eval_grpo_final@1" in PIPELINES["distill"].stages(params)  # the teacher's evaluation follows the key
+
+
+def test_every_pipeline_registers_the_model_it_trains(dvc_stages):
+    params = load_params(REPO / "params.yaml")
+    outputs = {out.def_path for stage in dvc_stages for out in stage.outs}
+    for name in PIPELINES:
+        path = check_artifact_path(REPO, name, params)  # raises naming the artifacts entry when it is not
+        assert str(path) in outputs, name
+    with pytest.raises(ConfigError, match="artifacts.r1.path must be 'artifacts/grpo_final/2'"):
+        check_artifact_path(
+            REPO, "r1", load_params(REPO / "params.yaml", ["rounds={'1': {policy: grpo}, '2': {policy: grpo_final/1}}"])
+        )
 
 
 def test_editing_the_verifier_marks_every_stage_that_scores_with_it_changed(tmp_path, monkeypatch):

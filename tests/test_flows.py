@@ -16,20 +16,12 @@ import psutil
 import pytest
 from prefect.futures import PrefectConcurrentFuture
 
-from flows.local_server import local_prefect_server
 from flows.pipelines import result_or_interrupt
 from flows.report import stage_metrics
 from flows.runner import is_up_to_date, outputs
-from tests.conftest import ENV, lock_entries, make_project
+from tests.conftest import lock_entries, make_project
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def prefect_env(tmp_path_factory):
-    """A Prefect server (SQLite) on 127.0.0.1 and the environment that points clients at it."""
-    with local_prefect_server(tmp_path_factory.mktemp("prefect-home"), ENV) as env:
-        yield env
 
 
 def _request(url: str, payload: dict | None = None) -> tuple[int, object]:
@@ -100,24 +92,22 @@ def test_ui_run_through_the_rest_api_applies_its_override(prefect_env, tmp_path)
         _wait_until(lambda: _request(f"{api}/deployments/filter", {})[1], seconds=120, what="deployment")
         (deployment,) = [d for d in _request(f"{api}/deployments/filter", {})[1] if d["name"] == "sft"]
 
-        # The form: typed, described overrides.
-        schema = deployment["parameter_openapi_schema"]
-        definitions = schema["definitions"]
-        sft_fields = definitions["OverridesSft"]["properties"]
-        assert {"type": "number", "exclusiveMinimum": 0} in sft_fields["lr"]["anyOf"]
-        assert "learning rate" in sft_fields["lr"]["description"]
-        assert {"enum": ["arithmetic", "countdown"], "type": "string"} in definitions["OverridesTask"]["properties"][
-            "name"
-        ]["anyOf"]
+        # The form: the project's params as typed, described fields.
+        definitions = deployment["parameter_openapi_schema"]["definitions"]
+        lr = definitions["sft"]["properties"]["lr"]
+        assert (lr["type"], lr["exclusiveMinimum"], lr["default"]) == ("number", 0, 0.002)
+        assert "learning rate" in lr["description"]
+        assert definitions["task"]["properties"]["name"]["enum"] == ["arithmetic", "countdown"]
+        assert definitions["data"]["properties"]["num_test"]["default"] == 16  # tests/conftest.py's TINY value
 
         # An invalid value is refused when the run is created: nothing runs.
         create = f"{api}/deployments/{deployment['id']}/create_flow_run"
-        status, _ = _request(create, {"parameters": {"overrides": {"sft": {"lr": -1}}}})
+        status, _ = _request(create, {"parameters": {"params": {"sft": {"lr": -1}}}})
         assert status in (409, 422)
         assert not (project / "artifacts").exists()
 
-        # What the UI's Run button sends, with an override.
-        status, flow_run = _request(create, {"parameters": {"overrides": {"data": {"num_test": 12}}}})
+        # A run created through the API with only the values it changes: the rest keep params.yaml's.
+        status, flow_run = _request(create, {"parameters": {"params": {"data": {"num_test": 12}}}})
         assert status == 201
         _wait_until(
             lambda: _get(f"{api}/flow_runs/{flow_run['id']}")["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED"),

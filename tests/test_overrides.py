@@ -1,70 +1,175 @@
-"""The typed run form: generated from the params dataclasses, validated like the CLI, written into params.yaml."""
+"""The run form: per pipeline, the params its stages read as plain fields at their current values; a submission
+becomes overrides of what changed only, validated like the CLI's and written into params.yaml."""
+
+import dataclasses
+import json
+from typing import Any
 
 import pydantic
 import pytest
 
-from flows.overrides import Overrides, to_dotlist
+from flows.catalog import PIPELINES
+from flows.overrides import changed_overrides, form_model, form_values
 from flows.pipelines import write_overrides
-from tasks.common.config import Params
-from tasks.common.params import fields_with_keys, load_params
+from tasks.common.config import ConfigError, Params
+from tasks.common.params import fields_with_keys, load_params, param_value
 from tests.conftest import REPO
 
+PARAMS = load_params(REPO / "params.yaml")
 
-def test_every_param_but_placement_is_in_the_form_with_its_description():
-    schema = Overrides.model_json_schema()
 
-    def described(model_schema: dict, prefix: str = "") -> set[str]:
-        keys = set()
-        for name, field in model_schema["properties"].items():
-            assert field.get("description"), f"{prefix}{name} has no description"
-            reference = next((option["$ref"] for option in field.get("anyOf", []) if "$ref" in option), None)
-            if reference:
-                keys |= described(schema["$defs"][reference.split("/")[-1]], f"{prefix}{name}.")
-            else:
-                keys.add(f"{prefix}{name}")
-        return keys
+@pytest.fixture(scope="module")
+def forms() -> dict[str, type[pydantic.BaseModel]]:
+    return {name: form_model(name, PARAMS, REPO) for name in PIPELINES}
 
-    def form_key(key: str) -> str:  # the form takes the rounds as one dict-valued field, as it does rewards
-        return "rounds" if key.startswith("rounds.") else key
 
-    placement = [key for key, _, _ in fields_with_keys(Params()) if key.startswith("runner.") or ".roles." in key]
-    expected = {form_key(key) for key, _, _ in fields_with_keys(Params()) if key not in placement}
-    assert described(schema) == expected
+def _schema_nodes(node: Any):
+    if isinstance(node, dict):
+        yield node
+        for value in node.values():
+            yield from _schema_nodes(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _schema_nodes(value)
+
+
+def _leaf_fields(schema: dict, properties: dict | None = None):
+    """(title, field schema) of every input of the form, groups followed through their definitions."""
+    for field in (schema["properties"] if properties is None else properties).values():
+        if "$ref" in field:
+            yield from _leaf_fields(schema, schema["$defs"][field["$ref"].split("/")[-1]]["properties"])
+        else:
+            yield field["title"], field
+
+
+def _submitted(form: type[pydantic.BaseModel], **changes: Any) -> pydantic.BaseModel:
+    """What the UI sends for ``form`` left at its defaults but for ``changes`` (dotted key -> value), as the flow
+    receives it: JSON, nulls left out."""
+    values = json.loads(form().model_dump_json())
+    for key, value in changes.items():
+        *groups, name = key.split(".")
+        node = values
+        for group in groups:
+            node = node[group]
+        node[name] = value
+    return form.model_validate(values)
+
+
+def test_the_sft_form_holds_what_its_stages_read_as_plain_described_fields_at_their_params_yaml_values(forms):
+    schema = forms["sft"].model_json_schema()
+    # dvc.yaml's data, base, sft and eval stages read these: nothing of PPO, GRPO, rejection sampling, ...
+    assert list(schema["properties"]) == ["seed", "device", "task", "data", "base", "sft", "eval"]
+    for node in _schema_nodes(schema):
+        assert not {"anyOf", "oneOf", "allOf"} & set(node), node  # Prefect's form shows a union as a toggle
+        assert node.get("type") != "null" and not isinstance(node.get("type"), list), node
+    leaves = dict(_leaf_fields(schema))
+    read = {"seed", "device", "task", "data", "base", "sft", "eval"}
+    assert set(leaves) == {key for key, _, _ in fields_with_keys(PARAMS) if key.split(".")[0] in read}
+    for key, field in leaves.items():
+        assert field["description"], f"{key} has no description"
+        assert field.get("default") == param_value(PARAMS, key), key  # a null param is an empty field
+    assert leaves["sft.lr"] | {"default": None} == {
+        "default": None,
+        "description": "Peak AdamW learning rate.",
+        "exclusiveMinimum": 0,
+        "title": "sft.lr",
+        "type": "number",
+    }
+    assert (leaves["data.num_train"]["minimum"], leaves["data.num_train"]["maximum"]) == (1, 1_000_000)
+    assert leaves["task.name"]["enum"] == ["arithmetic", "countdown"]
+    assert leaves["base.model_path"]["type"] == "string" and "default" not in leaves["base.model_path"]
+    # What the form fills itself with and sends: every value but the nulls (a null string field would be refused).
+    assert schema["properties"]["sft"]["default"]["lr"] == PARAMS.sft.lr
+    assert "model_path" not in schema["properties"]["base"]["default"]
+
+
+def test_a_group_is_titled_with_its_key_and_its_sections_help(forms):
+    properties = forms["sft"].model_json_schema()["properties"]
+    assert properties["sft"]["title"] == "sft — Supervised fine-tuning on worked solutions"
+    helps = {f.name: f.metadata["help"] for f in dataclasses.fields(Params)}
+    for name in ("task", "data", "base", "eval"):
+        assert properties[name]["title"] == f"{name} — {helps[name].rstrip('.')}"
 
 
 @pytest.mark.parametrize(
-    "bad",
+    ("pipeline", "holds", "lacks"),
     [
-        {"sft": {"lr": -1}},
-        {"sft": {"batch_size": 0}},
-        {"task": {"name": "sudoku"}},
-        {"sft": {"lrr": 1}},
-        {"x": 1},
-        {"dpo": {"label_smoothing": 0.5}},
-        {"dpo": {"loss": "kto"}},
-        {"online_dpo": {"sync_every": 0}},
+        ("sft", {"sft", "eval"}, {"ppo", "grpo", "sft_cold", "rejection", "dpo", "distill", "reward_model"}),
+        ("rlhf", {"sft_cold", "preferences", "reward_model", "best_of_n", "ppo"}, {"grpo", "rejection", "dpo"}),
+        ("r1", {"sft_cold", "grpo", "rejection", "sft_rs", "grpo_final"}, {"ppo", "dpo", "distill", "rounds"}),
+        ("r1_zero", {"grpo"}, {"sft", "sft_cold", "ppo", "rejection"}),
+        ("offline_to_online", {"sft_cold", "preferences", "dpo", "online_dpo"}, {"sft", "ppo", "grpo"}),
+        ("distill", {"grpo", "student_base", "teacher_data", "sft_distill", "distill"}, {"ppo", "dpo", "rejection"}),
     ],
 )
-def test_the_form_rejects_what_the_cli_rejects(bad):
+def test_each_pipeline_form_holds_the_sections_its_stages_read(forms, pipeline, holds, lacks):
+    sections = set(forms[pipeline].model_fields)
+    assert {"seed", "device", "task", "data", "base", "eval"} | holds <= sections
+    assert not sections & lacks
+    # Placement is the deployment's business; the rounds are the DAG's shape: neither is a field of a run.
+    schema = json.dumps(forms[pipeline].model_json_schema())
+    assert '"roles"' not in schema and '"runner"' not in schema and '"rounds"' not in schema
+
+
+def test_a_reward_mix_is_a_group_of_its_weights(forms):
+    rewards = forms["r1"].model_json_schema()["$defs"]["grpo_rewards"]
+    assert {name: field["default"] for name, field in rewards["properties"].items()} == PARAMS.grpo.rewards
+    assert _submitted(forms["r1"]).grpo.rewards.format == PARAMS.grpo.rewards["format"]
+    assert changed_overrides(_submitted(forms["r1"], **{"grpo.rewards.format": 0.5}), PARAMS) == [
+        "grpo.rewards.format=0.5"
+    ]
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_a_form_submitted_unchanged_overrides_nothing(forms, pipeline):
+    assert changed_overrides(_submitted(forms[pipeline]), PARAMS) == []
+
+
+def test_a_changed_field_is_the_one_override_and_load_params_accepts_it(forms):
+    overrides = changed_overrides(_submitted(forms["sft"], **{"sft.lr": 0.0005}), PARAMS)
+    assert overrides == ["sft.lr=0.0005"]
+    assert load_params(REPO / "params.yaml", overrides).sft.lr == 0.0005
+    overrides = changed_overrides(_submitted(forms["sft"], **{"task.name": "arithmetic", "data.num_test": 12}), PARAMS)
+    assert overrides == ['task.name="arithmetic"', "data.num_test=12"]
+    params = load_params(REPO / "params.yaml", overrides)
+    assert (params.task.name, params.data.num_test) == ("arithmetic", 12)
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "bad"),
+    [
+        ("sft", {"sft": {"lr": -1}}),
+        ("sft", {"sft": {"batch_size": 0}}),
+        ("sft", {"task": {"name": "sudoku"}}),
+        ("sft", {"sft": {"lrr": 1}}),
+        ("sft", {"x": 1}),
+        ("sft", {"ppo": {"steps": 4}}),  # a valid param, but no stage of sft reads it
+        ("r1", {"grpo": {"rewards": {"format": float("inf")}}}),
+        ("offline_to_online", {"dpo": {"label_smoothing": 0.5}}),
+        ("offline_to_online", {"dpo": {"loss": "kto"}}),
+        ("offline_to_online", {"online_dpo": {"sync_every": 0}}),
+    ],
+)
+def test_the_form_rejects_what_the_cli_rejects(forms, pipeline, bad):
     with pytest.raises(pydantic.ValidationError):
-        Overrides.model_validate(bad)
+        forms[pipeline].model_validate(bad)
 
 
-def test_set_fields_become_dotlist_overrides_that_load_params_accepts():
-    overrides = Overrides.model_validate(
-        {"sft": {"lr": 0.0005, "max_steps": 10}, "task": {"arithmetic": {"digits": 2}}}
-    )
-    dotlist = to_dotlist(overrides)
-    assert sorted(dotlist) == ["sft.lr=0.0005", "sft.max_steps=10", "task.arithmetic.digits=2"]
-    params = load_params(REPO / "params.yaml", dotlist)
-    assert (params.sft.lr, params.sft.max_steps, params.task.arithmetic.digits) == (0.0005, 10, 2)
-    assert to_dotlist(None) == [] and to_dotlist(Overrides()) == []
+def test_cli_overrides_fill_the_form_and_a_key_the_pipeline_does_not_read_is_named(forms):
+    values = form_values("sft", forms["sft"], ["sft.lr=1e-4", "sft.num_examples=100", "base.model_path=null"])
+    assert changed_overrides(values, PARAMS) == ["sft.lr=0.0001", "sft.num_examples=100"]
+    cold = form_values("offline_to_online", forms["offline_to_online"], ["sft_cold.num_examples=null"])
+    assert changed_overrides(cold, PARAMS) == ["sft_cold.num_examples=null"]  # the CLI can set a param back to null
+    with pytest.raises(ConfigError, match=r"ppo: not a param the sft pipeline's stages read \(they read seed, "):
+        form_values("sft", forms["sft"], ["sft.lr=1e-4", "ppo.steps=3"])
+    with pytest.raises(ConfigError, match="sft.lr: Input should be greater than 0"):
+        form_values("sft", forms["sft"], ["sft.lr=-1"])
 
 
 def test_overrides_are_written_into_params_yaml_keeping_its_comments(tmp_path):
     params_file = tmp_path / "params.yaml"
     params_file.write_text((REPO / "params.yaml").read_text())
-    write_overrides(params_file, ["sft.lr=0.0005", "task.name=arithmetic"])
+    write_overrides(params_file, ["sft.lr=0.0005", 'task.name="arithmetic"'])
     text = params_file.read_text()
     assert "# Every stage's settings" in text and "# arithmetic | countdown" in text
     params = load_params(params_file)

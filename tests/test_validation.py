@@ -25,7 +25,17 @@ MALFORMED_CONFIGS = [
     (["device=tpu"], "device: must be one of"),
     (["eval.temperature=0"], "eval.temperature: must be > 0"),
     (["base.max_position_embeddings=32"], "base.max_position_embeddings: must be >="),
-    (["data.train_file=missing.jsonl"], "data.train_file: no file"),
+    (["data.train_file=data/missing.jsonl"], "data.train_file: no JSONL file at 'data/missing.jsonl'"),
+    (["data.train_file=data/shards/*.jsonl"], "data.train_file: no JSONL file at 'data/shards/*.jsonl'"),
+    (["data.train_file=/tmp/mine.jsonl"], "data.train_file: must be under data/"),
+    (["data.test_file=../mine.jsonl"], "data.test_file: must be under data/"),
+    (["retrain.metric=accuracy"], "retrain.metric: must be one of pass@1, pass@k"),
+    (["retrain.metric=response_length"], "retrain.metric: must be one of"),
+    (["retrain.margin=-0.01"], "retrain.margin: must be >= 0"),
+    (["retrain.guards={bleu: 0.1}"], "retrain.guards.bleu: not a gate metric"),
+    (["retrain.guards={format_rate: -0.1}"], "retrain.guards.format_rate: a tolerance must be a finite number >= 0"),
+    (["retrain.quarantine=/tmp/q"], "retrain.quarantine: must be under data/"),
+    (["data.train_file=data", "retrain.quarantine=data"], "retrain.quarantine: 'data' is within data.train_file"),
     (["sft.max_steps"], "expected key=value"),
     (["colour=blue"], "override: colour: unknown key"),
     (["ppo.rollout_backend=vllm", "device=cpu"], "base.num_heads: ppo.rollout_backend=vllm on CPU needs a head size"),
@@ -98,7 +108,7 @@ MALFORMED_CONFIGS = [
 
 
 def _produced(project):
-    return sorted(p.name for p in project.iterdir() if p.name != "params.yaml" and p.name != "bad.jsonl")
+    return sorted(p.name for p in project.iterdir() if p.name not in ("params.yaml", "bad.jsonl", "data"))
 
 
 @pytest.mark.parametrize(("overrides", "message"), MALFORMED_CONFIGS, ids=lambda v: str(v)[:40])
@@ -203,10 +213,10 @@ MALFORMED_ROWS = [
 def test_malformed_dataset_row_is_rejected_naming_file_and_line(project, capsys, bad_row, message):
     rows = [json.dumps(GOOD_ROW), json.dumps(OTHER_GOOD_ROW), bad_row]
     # surrogateescape: a lone surrogate in a case stands for a byte that is not UTF-8
-    (project / "bad.jsonl").write_bytes(("\n".join(rows) + "\n").encode("utf-8", "surrogateescape"))
-    assert main(["stage", "data", "data.train_file=bad.jsonl"]) == 2
+    (project / "data/bad.jsonl").write_bytes(("\n".join(rows) + "\n").encode("utf-8", "surrogateescape"))
+    assert main(["stage", "data", "data.train_file=data/bad.jsonl"]) == 2
     error = capsys.readouterr().err
-    assert "bad.jsonl:3:" in error and message in error
+    assert "data/bad.jsonl:3:" in error and message in error
     assert _produced(project) == []
 
 
@@ -239,26 +249,48 @@ def test_malformed_preference_row_is_rejected_before_any_sampling(project, capsy
 
 
 def test_empty_dataset_file_is_rejected(project, capsys):
-    (project / "bad.jsonl").write_text("\n")
-    assert main(["stage", "data", "data.train_file=bad.jsonl"]) == 2
-    assert "bad.jsonl: no rows" in capsys.readouterr().err
+    (project / "data/bad.jsonl").write_text("\n")
+    assert main(["stage", "data", "data.train_file=data/bad.jsonl"]) == 2
+    assert "data/bad.jsonl: no rows" in capsys.readouterr().err
 
 
 def test_user_jsonl_is_accepted_and_kept_apart_from_the_generated_split(project):
     rows = [GOOD_ROW, {**GOOD_ROW, "prompt": "30+12=", "solution": "<think>0+2+0=2,3+1+0=4</think><answer>42</answer>"}]
-    (project / "mine.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    assert main(["stage", "data", "data.test_file=mine.jsonl", "data.num_train=50"]) == 0
+    (project / "data/mine.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main(["stage", "data", "data.test_file=data/mine.jsonl", "data.num_train=50"]) == 0
     test = [json.loads(line) for line in (project / "artifacts/data/test.jsonl").read_text().splitlines()]
     train = [json.loads(line) for line in (project / "artifacts/data/train.jsonl").read_text().splitlines()]
     assert [row["prompt"] for row in test] == ["12+30=", "30+12="]
     assert len(train) == 50 and not {row["prompt"] for row in train} & {"12+30=", "30+12="}
 
 
+@pytest.mark.parametrize("source", ["data/shards", "data/shards/*.jsonl"])
+def test_shards_of_a_directory_or_glob_are_read_in_name_order(project, source):
+    shards = project / "data/shards"
+    shards.mkdir()
+    (shards / "b.jsonl").write_text(json.dumps(OTHER_GOOD_ROW) + "\n")
+    (shards / "a.jsonl").write_text(json.dumps(GOOD_ROW) + "\n")
+    (shards / "notes.txt").write_text("not a shard")
+    assert main(["stage", "data", f"data.train_file={source}", "data.num_test=5"]) == 0
+    train = [json.loads(line) for line in (project / "artifacts/data/train.jsonl").read_text().splitlines()]
+    assert [row["prompt"] for row in train] == ["12+30=", "11+31="]
+
+
+def test_a_corrupt_shard_is_named_by_file_and_line(project, capsys):
+    shards = project / "data/shards"
+    shards.mkdir()
+    (shards / "1.jsonl").write_text(json.dumps(GOOD_ROW) + "\n")
+    (shards / "2.jsonl").write_text(json.dumps(OTHER_GOOD_ROW) + "\n" + json.dumps({**GOOD_ROW, "answer": "41"}) + "\n")
+    assert main(["stage", "data", "data.train_file=data/shards"]) == 2
+    assert "data/shards/2.jsonl:2:" in capsys.readouterr().err
+    assert _produced(project) == []
+
+
 def test_a_failing_stage_leaves_the_previous_output_untouched(project, capsys):
     assert main(["stage", "data", "data.num_train=50", "data.num_test=5"]) == 0
     before = {p.name: p.read_bytes() for p in (project / "artifacts/data").iterdir()}
-    (project / "bad.jsonl").write_text(json.dumps(GOOD_ROW) + "\n{broken\n")
-    assert main(["stage", "data", "data.train_file=bad.jsonl"]) == 2
+    (project / "data/bad.jsonl").write_text(json.dumps(GOOD_ROW) + "\n{broken\n")
+    assert main(["stage", "data", "data.train_file=data/bad.jsonl"]) == 2
     assert {p.name: p.read_bytes() for p in (project / "artifacts/data").iterdir()} == before
     assert not list((project / "artifacts").glob(".tmp-*"))
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from tasks.common.errors import MissingUpstreamError
 from tasks.common.registry import model_kinds
 
+USER_DATA = Path("data")  # your own datasets and incoming shards: the data stage's dvc.yaml dependency
 ARTIFACTS = Path("artifacts")
 DATA_DIR = ARTIFACTS / "data"
 PREFERENCES_DIR = ARTIFACTS / "preferences"

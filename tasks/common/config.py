@@ -86,8 +86,14 @@ class DataConfig:
     num_test: int = param(
         200, "Generated held-out examples (never overlapping the training split).", ge=1, le=100_000, why=_HOURS
     )
-    train_file: str | None = param(None, "A JSONL file of your own to train on instead of generating.")
-    test_file: str | None = param(None, "A JSONL file of your own to evaluate on instead of generating.")
+    train_file: str | None = param(
+        None,
+        "JSONL of your own to train on instead of generating: a file, a directory of *.jsonl shards or a glob, under "
+        "data/ (the data stage's dvc.yaml dependency, so a new shard makes it stale).",
+    )
+    test_file: str | None = param(
+        None, "JSONL of your own to evaluate on instead of generating: a file, directory or glob under data/."
+    )
 
 
 @dataclass
@@ -616,8 +622,57 @@ class RunnerConfig:
     )
     schedules: dict[str, str] = field(
         default_factory=dict,
-        metadata={"help": "Cron schedule by pipeline name for `alignflow serve`, e.g. {sft: '0 3 * * 1'}."},
+        metadata={
+            "help": "Cron schedule of `alignflow retrain` by pipeline name for `alignflow serve`, e.g. "
+            "{sft: '0 3 * * 1'}."
+        },
     )
+
+
+# What the gate can compare, each higher-is-better (response_length has no better direction): eval@<model>'s metrics.
+GATE_METRICS = ("pass@1", "pass@k", "sample_accuracy", "gold_reward", "format_rate")
+
+
+@dataclass
+class RetrainConfig:
+    """`alignflow retrain PIPELINE`: a candidate trained on the current data, gated against the `prod` champion."""
+
+    metric: str = param(
+        "pass@1", "The gate's primary metric, of eval@<model> on the held-out split.", choices=GATE_METRICS
+    )
+    margin: float = param(
+        0.02,
+        "Promote only when the candidate's metric beats the champion's by at least this: a tie or a gain within "
+        "the held-out set's noise keeps the model in production.",
+        ge=0,
+    )
+    guards: dict[str, float] = field(
+        default_factory=lambda: {"format_rate": 0.05},
+        metadata={
+            "help": "Metrics that must not regress: metric -> the most the candidate may fall below the champion. "
+            f"Metrics: {', '.join(GATE_METRICS)}."
+        },
+    )
+    quarantine: str | None = param(
+        "data/quarantine",
+        "Where a rejected candidate's new shards move, out of data.train_file's reach, so the next candidate "
+        "trains without them (move one back to retry it); null leaves them in place.",
+    )
+
+
+@dataclass
+class RemoteConfig:
+    """The DVC remote every finished run pushes its artifacts to (written into .dvc/config as `alignflow`)."""
+
+    url: str = param(
+        "~/.alignflow/remote",
+        "A DVC remote URL: a directory (the default, one machine), s3://bucket/path, gs://, azure://, ssh://... "
+        "(install the matching dvc extra, e.g. dvc-s3). Credentials come from the environment, never params.",
+    )
+    endpoint_url: str | None = param(
+        None, "The endpoint of an S3-compatible server (MinIO, Ceph, moto): e.g. http://127.0.0.1:9000."
+    )
+    push: bool = param(True, "Push after every finished run; false keeps everything in the local cache.")
 
 
 @dataclass
@@ -871,6 +926,8 @@ class Params:
         ),
     )
     runner: RunnerConfig = section(RunnerConfig, "Prefect and Ray: retries, resources, schedules.")
+    retrain: RetrainConfig = section(RetrainConfig, "Scheduled retraining: the gate between candidate and champion.")
+    remote: RemoteConfig = section(RemoteConfig, "Where artifacts live beyond this disk: a DVC remote.")
 
 
 def stage_kinds() -> dict[str, tuple[StageKind, str]]:

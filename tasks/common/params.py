@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import subprocess
 import sys
@@ -23,7 +24,9 @@ from cronsim import CronSim, CronSimError
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from tasks.common.artifacts import USER_DATA
 from tasks.common.config import (
+    GATE_METRICS,
     ConfigError,
     DistillConfig,
     ModelSizeConfig,
@@ -37,6 +40,7 @@ from tasks.common.config import (
     stage_kinds,
 )
 from tasks.common.registry import model_kinds
+from tasks.data.datasets import is_shard_of, shard_files
 
 
 def fields_with_keys(config: Any, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field, Any]]:
@@ -106,8 +110,14 @@ SFT_SECTIONS = sections_of(SFTTrainingConfig)
 # Models the pipelines train, by name: what `init` and `rounds.<round>.policy` may point at.
 MODELS, ROUND_MODELS = model_kinds()  # a round's model is named <kind>/<round>: sft_rs/1
 _ROUND_NAME = re.compile(r"[A-Za-z0-9_-]+")
+_GLOB = re.compile(r"[*?\[]")
 # Dict-valued params that params.yaml states in full (its dict replaces the default rather than adding to it).
-REPLACED_BY_THE_FILE = (*(f"{name}.rewards" for name in RL_SECTIONS), "ppo.verifier_rewards", "rounds")
+REPLACED_BY_THE_FILE = (
+    *(f"{name}.rewards" for name in RL_SECTIONS),
+    "ppo.verifier_rewards",
+    "rounds",
+    "retrain.guards",
+)
 
 
 def _is_model(name: str, rounds: dict[str, RoundConfig]) -> bool:
@@ -322,15 +332,19 @@ def _cross_field_errors(params: Params) -> Iterator[str]:
     backbone = params.reward_backbone
     yield from _size_errors("reward_backbone", backbone, max(longest, backbone.max_length))
     yield from _distill_errors(params, max(longest, params.sft.max_prompt_length + params.distill.max_new_tokens))
-    user_files = {
-        "data.train_file": params.data.train_file,
-        "data.test_file": params.data.test_file,
+    yield from _user_data_errors(params)
+    preference_files = {
         "preferences.train_file": params.preferences.train_file,
         "preferences.test_file": params.preferences.test_file,
     }
-    for key, path in user_files.items():
+    for key, path in preference_files.items():
         if path is not None and not Path(path).is_file():
             yield f"{key}: no file at {path!r}"
+    for metric, tolerance in params.retrain.guards.items():
+        if metric not in GATE_METRICS:
+            yield f"retrain.guards.{metric}: not a gate metric (one of {', '.join(GATE_METRICS)})"
+        elif not (math.isfinite(tolerance) and tolerance >= 0):
+            yield f"retrain.guards.{metric}: a tolerance must be a finite number >= 0, got {tolerance}"
     if "default" not in params.runner.resources:
         yield "runner.resources: needs a 'default' entry"
     for pipeline, cron in params.runner.schedules.items():
@@ -338,6 +352,28 @@ def _cross_field_errors(params: Params) -> Iterator[str]:
             CronSim(cron, datetime.now())
         except CronSimError as error:
             yield f"runner.schedules.{pipeline}: not a cron expression: {cron!r} ({error})"
+
+
+def _is_under_user_data(source: str) -> bool:
+    literal = Path(*[part for part in Path(source).parts if not _GLOB.search(part)] or ["."])
+    return Path(os.path.abspath(literal)).is_relative_to(os.path.abspath(USER_DATA))
+
+
+def _user_data_errors(params: Params) -> Iterator[str]:
+    """Data of your own lives under data/, the data stage's dvc.yaml dependency, so dvc.lock names every shard."""
+    sources = {"data.train_file": params.data.train_file, "data.test_file": params.data.test_file}
+    for key, source in sources.items():
+        if source is None:
+            continue
+        if not _is_under_user_data(source):
+            yield f"{key}: must be under {USER_DATA}/ (the data stage depends on that directory), got {source!r}"
+        elif not shard_files(source):
+            yield f"{key}: no JSONL file at {source!r} (a file, a directory of *.jsonl shards, or a glob)"
+    quarantine, train = params.retrain.quarantine, params.data.train_file
+    if quarantine is not None and not _is_under_user_data(quarantine):
+        yield f"retrain.quarantine: must be under {USER_DATA}/, got {quarantine!r}"
+    elif quarantine is not None and train is not None and is_shard_of(Path(quarantine, "shard.jsonl"), train):
+        yield f"retrain.quarantine: {quarantine!r} is within data.train_file's reach ({train!r})"
 
 
 # Imports a reward function the way the reward process will, from the project directory; run apart so that a

@@ -13,7 +13,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, TypeVar
 
 from tasks.data.problems import PROBLEMS, Example, parse_response
@@ -83,6 +83,33 @@ def write_jsonl(path: Path, rows: list[Example] | list[PreferencePair]) -> None:
 def read_examples(path: str | Path) -> list[Example]:
     """Every row of a problem JSONL as an Example; DatasetError naming ``path:line`` on the first bad row."""
     return _read_rows(path, _parse_row)
+
+
+def shard_files(source: str | Path) -> list[Path]:
+    """The JSONL files ``source`` names: itself, a directory's ``*.jsonl``, or a glob's matches, in name order
+    (so rows concatenate in the same order wherever the shards arrived from)."""
+    path = Path(source)
+    if path.is_file():
+        return [path]
+    files = sorted(path.glob("*.jsonl")) if path.is_dir() else sorted(Path().glob(str(source)))
+    return [f for f in files if f.is_file()]
+
+
+def is_shard_of(path: str | PurePath, source: str) -> bool:
+    """Whether ``shard_files(source)`` reads ``path``, judged by the names alone (for a commit not checked out)."""
+    path = PurePath(path)
+    if any(char in source for char in "*?["):
+        return path.match(source)
+    return path == PurePath(source) or (path.parent == PurePath(source) and path.suffix == ".jsonl")
+
+
+def read_shards(source: str | Path) -> list[Example]:
+    """Every row of every shard ``source`` names (see ``shard_files``), each validated; DatasetError naming the
+    shard's ``file:line`` on the first bad row, or the source when it names no file."""
+    files = shard_files(source)
+    if not files:
+        raise DatasetError(f"{source}: no JSONL file (a file, a directory of *.jsonl shards, or a glob)")
+    return [example for shard in files for example in read_examples(shard)]
 
 
 def read_preferences(path: str | Path) -> list[PreferencePair]:

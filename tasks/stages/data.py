@@ -1,16 +1,16 @@
-"""Stage `data`: the train and held-out splits, generated from the seed or read from files of your own."""
+"""Stage `data`: the train and held-out splits, generated from the seed or read from shards of your own under data/."""
 
 from tasks.common.artifacts import DATA_DIR, atomic_output
 from tasks.common.config import Params
 from tasks.common.tracking import stage_live
-from tasks.data.datasets import generate_splits, read_examples, write_jsonl
+from tasks.data.datasets import generate_splits, read_shards, write_jsonl
 
 
 def run(params: Params) -> None:
     cfg = params.data
-    # Every row of a user file is validated before anything is generated or written.
-    train = read_examples(cfg.train_file) if cfg.train_file else None
-    test = read_examples(cfg.test_file) if cfg.test_file else None
+    # Every row of every shard of your own is validated before anything is generated or written.
+    train = read_shards(cfg.train_file) if cfg.train_file else None
+    test = read_shards(cfg.test_file) if cfg.test_file else None
     if train is None or test is None:
         generated_train, generated_test = generate_splits(params.task, cfg.num_train, cfg.num_test, params.seed)
         train = generated_train if train is None else train

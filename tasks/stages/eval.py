@@ -5,6 +5,7 @@ responses: the policy's expected reward as RLHF optimises it, measured by the ju
 """
 
 import json
+from pathlib import Path
 
 import torch
 
@@ -52,9 +53,10 @@ def evaluate(engine: RolloutEngine, examples: list[Example], cfg: EvalConfig) ->
     return metrics, rows
 
 
-def run(params: Params, target: str) -> None:
+def evaluate_model(model: Path, params: Params) -> tuple[dict[str, float], list[dict]]:
+    """``evaluate`` of the model directory ``model`` on the held-out split, seeded as the eval stage runs it: the
+    retraining gate scores the champion through here, so it and the candidate's eval@ are the same measurement."""
     make_deterministic(params.seed)
-    model = upstream_model(target)
     tokenizer, test_file = load_tokenizer(model), DATA_DIR / "test.jsonl"
     examples = read_examples(test_file)
     new_tokens = ("eval.max_new_tokens", params.eval.max_new_tokens)
@@ -62,7 +64,12 @@ def run(params: Params, target: str) -> None:
         examples, tokenizer, test_file, params.sft.max_prompt_length, context_length(model), new_tokens
     )
     engine = HFEngine(load_policy(model, resolve_device(params.device)), tokenizer, params.eval.batch_size)
-    metrics, rows = evaluate(engine, examples, params.eval)
+    return evaluate(engine, examples, params.eval)
+
+
+def run(params: Params, target: str) -> None:
+    model = upstream_model(target)
+    metrics, rows = evaluate_model(model, params)
     stage = f"eval@{target}"
     with atomic_output(stage_dir(stage)) as out, stage_live(stage) as live:
         out.mkdir()

@@ -1,0 +1,44 @@
+"""The promotion gate: a candidate replaces the champion only when it is better by a margin and breaks nothing.
+
+Both models are scored by the same function (``tasks.stages.eval.evaluate_model``) on the same held-out split,
+seeded the same way, so the comparison is the model's and nothing else's.
+"""
+
+import tempfile
+from pathlib import Path
+
+import dvc.api
+
+from tasks.common.config import Params, RetrainConfig
+from tasks.stages.eval import evaluate_model
+
+
+def decide(candidate: dict[str, float], champion: dict[str, float] | None, cfg: RetrainConfig) -> tuple[bool, str]:
+    """(promote?, why) for ``candidate``'s metrics against ``champion``'s (None: there is no champion yet)."""
+    if champion is None:
+        return True, "no champion yet: the first candidate is promoted"
+    gain = candidate[cfg.metric] - champion[cfg.metric]
+    regressed = [
+        f"{metric} fell {champion[metric] - candidate[metric]:.4f} (tolerance {tolerance})"
+        for metric, tolerance in cfg.guards.items()
+        if champion[metric] - candidate[metric] > tolerance
+    ]
+    if regressed:
+        return False, "guard regressed: " + "; ".join(regressed)
+    versus = f"{cfg.metric} {candidate[cfg.metric]:.4f} vs champion {champion[cfg.metric]:.4f}: gain {gain:+.4f}"
+    if gain < cfg.margin:
+        return False, f"{versus} < margin {cfg.margin}"
+    return True, f"{versus} >= margin {cfg.margin}"
+
+
+def score(model: Path, params: Params) -> dict[str, float]:
+    metrics, _ = evaluate_model(model, params)
+    return metrics
+
+
+def score_at(project: Path, commit: str, path: Path, params: Params) -> dict[str, float]:
+    """The gate's metrics of the model ``path`` as of ``commit``: its files from the local cache, or the remote."""
+    with tempfile.TemporaryDirectory(prefix="champion-") as where:
+        copy = Path(where) / path.name  # fsspec copies a directory's contents into a destination not yet there
+        dvc.api.DVCFileSystem(str(project), rev=commit).get(str(path), str(copy), recursive=True)
+        return score(copy, params)

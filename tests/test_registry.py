@@ -1,0 +1,112 @@
+"""The promotion gate's rule, and the registry's versions, stages, rollbacks and history on real git tags (seconds)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import dvc.api
+import gto.api
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from flows.gate import decide
+from flows.registry import Decision, assign_prod, prod_version, register, registry, render, rollback
+from tasks.common.config import GATE_METRICS, ConfigError, RetrainConfig
+
+METRIC = st.floats(0, 1, allow_nan=False)
+
+
+@given(
+    candidate=st.fixed_dictionaries({m: METRIC for m in GATE_METRICS}),
+    champion=st.fixed_dictionaries({m: METRIC for m in GATE_METRICS}),
+    margin=st.floats(0, 0.5),
+    tolerance=st.floats(0, 0.5),
+)
+def test_the_gate_promotes_exactly_a_gain_past_the_margin_with_no_guard_past_its_tolerance(
+    candidate, champion, margin, tolerance
+):
+    cfg = RetrainConfig(metric="pass@1", margin=margin, guards={"format_rate": tolerance, "gold_reward": tolerance})
+    promoted, why = decide(candidate, champion, cfg)
+    gain = candidate["pass@1"] - champion["pass@1"]
+    guards_hold = all(champion[m] - candidate[m] <= tolerance for m in ("format_rate", "gold_reward"))
+    assert promoted == (gain >= margin and guards_hold)
+    assert ("guard regressed" in why) == (not guards_hold)
+
+
+def test_the_gate_says_why():
+    cfg = RetrainConfig(metric="pass@1", margin=0.02, guards={"format_rate": 0.05})
+    champion = {"pass@1": 0.50, "format_rate": 0.99}
+    assert decide({"pass@1": 0.60, "format_rate": 0.98}, None, cfg) == (
+        True,
+        "no champion yet: the first candidate is promoted",
+    )
+    assert decide({"pass@1": 0.51, "format_rate": 0.99}, champion, cfg) == (
+        False,
+        "pass@1 0.5100 vs champion 0.5000: gain +0.0100 < margin 0.02",
+    )
+    promoted, why = decide({"pass@1": 0.90, "format_rate": 0.90}, champion, cfg)
+    assert not promoted and why == "guard regressed: format_rate fell 0.0900 (tolerance 0.05)"
+
+
+def _git(repo: Path, *args: str) -> str:
+    command = ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args]
+    return subprocess.run(command, cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    """A git repo whose dvc.yaml declares the artifact ``sft``, with three commits to register."""
+    _git(tmp_path, "init", "-q")
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / "dvc.yaml").write_text("artifacts:\n  sft:\n    path: artifacts/sft\n    type: model\n")
+    for n in (1, 2, 3):
+        (tmp_path / "candidate").write_text(str(n))
+        _git(tmp_path, "add", "-A")
+        _git(tmp_path, "commit", "-qm", f"candidate {n}")
+    return tmp_path
+
+
+def _commit(repo: Path, n: int) -> str:
+    return _git(repo, "rev-parse", f"HEAD~{3 - n}")
+
+
+def _in_prod(repo: Path) -> tuple[str, str]:
+    """prod as GTO's lookup and DVC's both see it: they must agree."""
+    version, commit = prod_version(repo, "sft")
+    assert dvc.api.artifacts_show("sft", stage="prod", repo=str(repo))["rev"] == commit
+    return version, commit
+
+
+def test_versions_promotions_and_rollbacks_leave_one_version_in_prod(repo):
+    assert prod_version(repo, "sft") is None and registry(repo) == []
+    for n in (1, 2, 3):
+        decision = Decision(promoted=n != 2, reason=f"reason {n}", candidate={"pass@1": n / 10})
+        assert register(repo, "sft", _commit(repo, n), decision) == f"v{n}.0.0"
+        if decision.promoted:
+            assign_prod(repo, "sft", f"v{n}.0.0", f"gate: reason {n}")
+    assert _in_prod(repo) == ("v3.0.0", _commit(repo, 3))
+
+    assert rollback(repo, "sft", "ops by hand") == "v1.0.0"
+    assert _in_prod(repo) == ("v1.0.0", _commit(repo, 1))  # the lower version, though GTO prefers the highest
+    assign_prod(repo, "sft", "v2.0.0", "promoted by ops by hand: the gate was too strict")
+    assert _in_prod(repo)[0] == "v2.0.0"
+    assert rollback(repo, "sft", "ops by hand") == "v1.0.0"
+
+    rows = registry(repo)
+    assert [(row["version"], row["stages"]) for row in rows] == [("v1.0.0", ["prod"]), ("v2.0.0", []), ("v3.0.0", [])]
+    assert rows[1]["decision"] == Decision(False, "reason 2", {"pass@1": 0.2}).__dict__
+    events = [(a["event"], a["why"]) for a in rows[1]["assignments"]]
+    assert events == [
+        ("assignment", "promoted by ops by hand: the gate was too strict"),
+        ("unassignment", "replaced by v1.0.0"),
+    ]
+    assert "rollback from v2.0.0 by ops by hand" in [e["message"] for e in gto.api.history(str(repo), "sft")]
+    assert "gate: rejected: reason 2" in render(rows)
+
+
+def test_rollback_needs_an_earlier_prod_version(repo):
+    register(repo, "sft", _commit(repo, 1), Decision(True, "first", {}))
+    assign_prod(repo, "sft", "v1.0.0", "gate: first")
+    with pytest.raises(ConfigError, match="no earlier prod version"):
+        rollback(repo, "sft", "ops")

@@ -1,0 +1,174 @@
+"""Scheduled retraining end to end: shards arrive, candidates are gated, registered, promoted and rolled back, and
+a fresh clone restores a registered version's exact bytes from the DVC remote (minutes)."""
+
+import hashlib
+import json
+import random
+import re
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import dvc.api
+import gto.api
+import pytest
+from omegaconf import OmegaConf
+
+from tasks.common.params import load_params
+from tasks.data.datasets import generate_splits, write_jsonl
+from tasks.data.problems import Example
+from tests.conftest import ENV, TINY, make_project
+from tests.serving import api, deployments, serving, wait_until
+
+pytestmark = pytest.mark.slow
+
+# Small enough for minutes, large enough that a second clean shard lifts held-out pass@1 past the margin: measured
+# here, pass@1 0.08 on shard 1, 0.02 with the corrupted shard 2 beside it, 0.25 with the clean shard 3.
+STORY = (
+    *TINY,
+    "data.num_train=6000",
+    "data.num_test=100",
+    "data.train_file=data/shards",
+    "base.hidden_size=96",
+    "base.num_layers=3",
+    "base.num_heads=4",
+    "base.intermediate_size=384",
+    "sft.max_steps=200",
+    "sft.batch_size=64",
+    "sft.warmup_steps=20",
+    "sft.save_every=100",
+)
+
+
+def corrupted(example: Example, rng: random.Random) -> Example:
+    """The worked solution with every intermediate result wrong: the answer still passes the verifier (so the row
+    passes validation), the reasoning that leads to it does not."""
+    think, _, answer = example.solution.partition("</think>")
+    think = re.sub(r"=(\d+)", lambda m: f"={rng.randint(1, 99)}", think)
+    return Example(example.task, example.prompt, example.answer, f"{think}</think>{answer}", example.meta)
+
+
+def shards(project: Path) -> dict[str, list[Example]]:
+    """Three shards of the generated training split (disjoint from the held-out split): clean, corrupted, clean."""
+    params = load_params(project / "params.yaml", ["data.train_file=null"])
+    train, _ = generate_splits(params.task, params.data.num_train, params.data.num_test, params.seed)
+    third, rng = len(train) // 3, random.Random(0)
+    return {
+        "1": train[:third],
+        "2": [corrupted(e, rng) for e in train[third : 2 * third]],
+        "3": train[2 * third :],
+    }
+
+
+def alignflow(project: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["alignflow", *args], cwd=project, env=env, capture_output=True, text=True, timeout=900)
+
+
+def retrain(project: Path, env: dict, *overrides: str) -> dict:
+    result = alignflow(project, env, "retrain", "sft", *overrides)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads(result.stdout[result.stdout.rindex("\n{\n") :])  # the decision, printed last
+
+
+def scheduled_retrain(project: Path, env: dict, log: Path) -> dict:
+    """`alignflow serve` with sft's retrain on a cron from params that fires once, a minute or two from now: the
+    gate's decision of the run the schedule started, read back from the registry."""
+    at = datetime.now(UTC) + timedelta(seconds=80)  # past serve's start-up, so the first firing is not missed
+    params = OmegaConf.load(project / "params.yaml")
+    OmegaConf.update(params, "runner.schedules", {"sft": f"{at.minute} {at.hour} * * *"}, merge=False)
+    OmegaConf.save(params, project / "params.yaml")
+    with serving(project, env, log):
+        (deployment,) = [d for d in deployments(env) if d["name"] == "retrain-sft"]
+        runs = {"deployments": {"id": {"any_": [deployment["id"]]}}}
+
+        def finished() -> bool:
+            states = [run["state"]["type"] for run in api(env, "/flow_runs/filter", runs)]
+            return any(state in ("COMPLETED", "FAILED", "CRASHED") for state in states)
+
+        wait_until(finished, 400, "the scheduled retrain")
+        (run,) = [run for run in api(env, "/flow_runs/filter", runs) if run["state"]["type"] != "SCHEDULED"]
+    assert run["auto_scheduled"] and run["state"]["type"] == "COMPLETED", log.read_text()[-3000:]
+    return json.loads(alignflow(project, env, "registry", "--json").stdout)[-1]["decision"]
+
+
+def prod(project: Path) -> str:
+    return dvc.api.artifacts_show("sft", stage="prod", repo=str(project))["rev"]
+
+
+def md5s(directory: Path) -> dict[str, str]:
+    return {str(p.relative_to(directory)): hashlib.md5(p.read_bytes()).hexdigest() for p in directory.rglob("*")}
+
+
+def test_the_retraining_story(prefect_env, tmp_path):
+    remote = tmp_path / "remote"
+    project = make_project(tmp_path / "project", (*STORY, f"remote.url={remote}"))
+    data = shards(project)
+    (project / "data/shards").mkdir()
+    write_jsonl(project / "data/shards/1.jsonl", data["1"])
+
+    v1 = retrain(project, prefect_env)
+    assert v1["promoted"] and v1["champion"] is None and v1["new_shards"] == ["data/shards/1.jsonl"]
+    assert v1["push"].startswith("pushed")
+
+    # Shard 2's solutions reason wrongly; and the remote is down for this run (a file where its directory was).
+    write_jsonl(project / "data/shards/2.jsonl", data["2"])
+    remote.rename(tmp_path / "remote-away")
+    remote.write_text("")
+    v2 = scheduled_retrain(project, prefect_env, tmp_path / "serve.log")
+    remote.unlink()
+    (tmp_path / "remote-away").rename(remote)
+    assert not v2["promoted"], v2
+    assert v2["champion_version"] == "v1.0.0" and v2["new_shards"] == ["data/shards/2.jsonl"]
+    assert v2["reason"] and v2["push"].startswith(f"push to {remote} failed")
+    assert v2["quarantined"] == ["data/quarantine/2.jsonl"] and not (project / "data/shards/2.jsonl").exists()
+
+    write_jsonl(project / "data/shards/3.jsonl", data["3"])
+    v3 = retrain(project, prefect_env)
+    assert v3["promoted"], v3
+    assert v3["candidate"]["pass@1"] >= v3["champion"]["pass@1"] + 0.02
+    assert v3["new_shards"] == ["data/shards/3.jsonl"]
+
+    registry = {row["version"]: row for row in json.loads(alignflow(project, prefect_env, "registry", "--json").stdout)}
+    assert list(registry) == ["v1.0.0", "v2.0.0", "v3.0.0"]
+    assert registry["v2.0.0"]["decision"]["reason"] == v2["reason"] and registry["v3.0.0"]["stages"] == ["prod"]
+    v3_commit = registry["v3.0.0"]["commit"]
+    assert prod(project) == v3_commit  # DVC's own API resolves prod through GTO's tags
+    assert gto.api.find_versions_in_stage(str(project), "sft", "prod")[0].version == "v3.0.0"
+
+    rolled = alignflow(project, prefect_env, "rollback", "sft", "--reason", "v3 misbehaves in production")
+    assert rolled.returncode == 0, rolled.stderr
+    assert prod(project) == registry["v1.0.0"]["commit"]
+    assert gto.api.find_versions_in_stage(str(project), "sft", "prod")[0].version == "v1.0.0"
+    history = gto.api.history(str(project), "sft")
+    assert "by hand: v3 misbehaves in production" in history[0]["message"]
+
+    lineage = json.loads(alignflow(project, prefect_env, "lineage", "sft@v3", "--json").stdout)
+    data_stage = next(stage for stage in lineage["stages"] if stage["stage"] == "data")
+    files = project / "data/shards"
+    assert data_stage["shards"] == {f"data/shards/{n}.jsonl": md5s(files)[f"{n}.jsonl"] for n in ("1", "3")}
+    sft_stage = next(stage for stage in lineage["stages"] if stage["stage"] == "sft")
+    assert sft_stage["params"]["sft"]["max_steps"] == 200 and "artifacts/data" in sft_stage["models_and_data"]
+
+    # A corrupt shard stops the next retrain before any work, naming its row, and registers nothing.
+    (project / "data/shards/4.jsonl").write_text(json.dumps({"task": "countdown"}) + "\n")
+    failed = alignflow(project, prefect_env, "retrain", "sft")
+    assert failed.returncode == 2 and "data/shards/4.jsonl:1:" in failed.stderr
+    assert [row["version"] for row in json.loads(alignflow(project, prefect_env, "registry", "--json").stdout)] == [
+        "v1.0.0",
+        "v2.0.0",
+        "v3.0.0",
+    ]
+
+    # A fresh clone at v3's tag, pulled from the remote, holds v3's model bit for bit; v2's bytes, whose own push
+    # failed, reached the remote with v3's.
+    for version in ("v3.0.0", "v2.0.0"):
+        clone = tmp_path / f"clone-{version}"
+        subprocess.run(["git", "clone", "-q", str(project), str(clone)], check=True)
+        subprocess.run(["git", "checkout", "-q", f"sft@{version}"], cwd=clone, check=True)
+        pulled = subprocess.run(
+            [sys.executable, "-m", "dvc", "pull", "artifacts/sft"], cwd=clone, env=ENV, capture_output=True, text=True
+        )
+        assert pulled.returncode == 0, pulled.stderr
+        if version == "v3.0.0":
+            assert md5s(clone / "artifacts/sft") == md5s(project / "artifacts/sft")
