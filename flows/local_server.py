@@ -12,7 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nothing listens on now."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
@@ -21,7 +22,7 @@ def _free_port() -> int:
 @contextmanager
 def local_prefect_server(home: Path, env: dict[str, str], timeout: float = 120) -> Iterator[dict[str, str]]:
     """Start ``prefect server start`` on a free port; yield ``env`` pointing clients at it; stop it after."""
-    port = _free_port()
+    port = free_port()
     server_env = {
         **env,
         "PREFECT_HOME": str(home),

@@ -25,8 +25,9 @@ from flows.runner import read_dag
 from tasks.common.config import ConfigError, Params
 from tasks.common.params import choices
 
-# Where work is placed (Ray addresses, resources) is the deployment's business, not a run's: it stays in params.yaml.
-_PLACEMENT = ("runner", "roles")
+# Where work is placed (Ray addresses, resources, workers per role or stage) is the deployment's business, not a
+# run's: it stays in params.yaml.
+_PLACEMENT = ("runner", "roles", "parallel")
 
 
 class _Group(BaseModel):

@@ -146,6 +146,17 @@ def make_project(path: Path, overrides: tuple[str, ...] = ()) -> Path:
     return path
 
 
+def md5_tree(directory: Path) -> dict[str, str]:
+    """Every file under ``directory`` by relative path, with the md5 of its bytes."""
+    import hashlib
+
+    return {
+        str(p.relative_to(directory)): hashlib.md5(p.read_bytes()).hexdigest()
+        for p in directory.rglob("*")
+        if p.is_file()
+    }
+
+
 def dvc(path: Path, *args: str) -> str:
     result = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=path, env=ENV, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -2,7 +2,6 @@
 
 import concurrent.futures
 import json
-import os
 import signal
 import subprocess
 import threading
@@ -75,51 +74,6 @@ def test_prefect_flow_and_dvc_repro_leave_identical_lock_hashes(uninterrupted, p
         again.returncode == 0
         and again.stdout.count("is up to date: skipped") + again.stderr.count("is up to date: skipped") == 5
     )
-
-
-def test_ui_run_through_the_rest_api_applies_its_override(prefect_env, tmp_path):
-    project = make_project(tmp_path)
-    serve = subprocess.Popen(
-        ["alignflow", "serve"],
-        cwd=project,
-        env=prefect_env,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    api = prefect_env["PREFECT_API_URL"]
-    try:
-        _wait_until(lambda: _request(f"{api}/deployments/filter", {})[1], seconds=120, what="deployment")
-        (deployment,) = [d for d in _request(f"{api}/deployments/filter", {})[1] if d["name"] == "sft"]
-
-        # The form: the project's params as typed, described fields.
-        definitions = deployment["parameter_openapi_schema"]["definitions"]
-        lr = definitions["sft"]["properties"]["lr"]
-        assert (lr["type"], lr["exclusiveMinimum"], lr["default"]) == ("number", 0, 0.002)
-        assert "learning rate" in lr["description"]
-        assert definitions["task"]["properties"]["name"]["enum"] == ["arithmetic", "countdown"]
-        assert definitions["data"]["properties"]["num_test"]["default"] == 16  # tests/conftest.py's TINY value
-
-        # An invalid value is refused when the run is created: nothing runs.
-        create = f"{api}/deployments/{deployment['id']}/create_flow_run"
-        status, _ = _request(create, {"parameters": {"params": {"sft": {"lr": -1}}}})
-        assert status in (409, 422)
-        assert not (project / "artifacts").exists()
-
-        # A run created through the API with only the values it changes: the rest keep params.yaml's.
-        status, flow_run = _request(create, {"parameters": {"params": {"data": {"num_test": 12}}}})
-        assert status == 201
-        _wait_until(
-            lambda: _get(f"{api}/flow_runs/{flow_run['id']}")["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED"),
-            seconds=600,
-            what="flow run",
-        )
-        assert _get(f"{api}/flow_runs/{flow_run['id']}")["state"]["type"] == "COMPLETED"
-        assert json.loads((project / "metrics/data/metrics.json").read_text())["num_test"] == 12
-        assert "num_test: 12" in (project / "params.yaml").read_text()
-    finally:
-        os.killpg(serve.pid, signal.SIGTERM)
-        serve.wait(timeout=60)
 
 
 def test_stage_that_fails_once_succeeds_on_retry(prefect_env, tmp_path):

@@ -1,8 +1,6 @@
 """The artifact remote on a real S3-compatible server (moto's, on 127.0.0.1): a finished run pushes, a fresh
 clone pulls the same bytes; a remote that is down loses nothing and is retried by the next run (a minute)."""
 
-import hashlib
-import socket
 import subprocess
 import sys
 import time
@@ -12,23 +10,18 @@ from pathlib import Path
 import boto3
 import pytest
 
-from tests.conftest import ENV, make_project
+from flows.local_server import free_port
+from tests.conftest import ENV, make_project, md5_tree
 
 pytestmark = pytest.mark.slow
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def s3_endpoint():
     """moto's S3-compatible server on 127.0.0.1, with a bucket ``alignflow``."""
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
@@ -61,10 +54,6 @@ def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=cwd, env={**ENV, **CREDENTIALS}, capture_output=True, text=True, timeout=900)
 
 
-def _md5s(directory: Path) -> dict[str, str]:
-    return {str(p.relative_to(directory)): hashlib.md5(p.read_bytes()).hexdigest() for p in directory.rglob("*")}
-
-
 def test_push_to_s3_and_pull_into_a_fresh_clone(s3_endpoint, tmp_path):
     remote = ("remote.url=s3://alignflow/runs", f"remote.endpoint_url={s3_endpoint}")
     project = make_project(tmp_path / "project", ("sft.max_steps=20", *remote))
@@ -83,11 +72,11 @@ def test_push_to_s3_and_pull_into_a_fresh_clone(s3_endpoint, tmp_path):
     pulled = _run([sys.executable, "-m", "dvc", "pull", "--with-deps", "eval@base", "eval@sft"], clone)
     assert pulled.returncode == 0, pulled.stderr
     for output in ("artifacts/data", "artifacts/base", "artifacts/sft"):
-        assert _md5s(clone / output) == _md5s(project / output), output
+        assert md5_tree(clone / output) == md5_tree(project / output), output
 
 
 def test_a_remote_that_is_down_keeps_the_results_and_the_next_run_pushes_them(s3_endpoint, tmp_path):
-    down = ("remote.url=s3://alignflow/later", f"remote.endpoint_url=http://127.0.0.1:{_free_port()}")
+    down = ("remote.url=s3://alignflow/later", f"remote.endpoint_url=http://127.0.0.1:{free_port()}")
     project = make_project(tmp_path / "project", ("sft.max_steps=20", *down))
     ran = _run(["alignflow", "repro", "sft"], project)
     assert ran.returncode == 0, ran.stderr[-3000:]

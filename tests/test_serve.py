@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import time
+import urllib.error
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,11 @@ def test_a_run_from_the_ui_form_trains_with_the_value_changed_there(prefect_env,
     ui = prefect_env["PREFECT_API_URL"].removesuffix("/api")
     with serving(project, prefect_env, tmp_path / "serve.log"):
         (deployment,) = [d for d in deployments(prefect_env) if d["name"] == "sft"]
+        # A value outside the schema is refused when the run is created through the API: nothing runs.
+        create = f"/deployments/{deployment['id']}/create_flow_run"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            api(prefect_env, create, {"parameters": {"params": {"sft": {"lr": -1}}}})
+        assert refused.value.code in (409, 422) and not (project / "artifacts").exists()
         with sync_api.sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
             try:

@@ -29,6 +29,12 @@ MALFORMED_CONFIGS = [
     (["data.train_file=data/shards/*.jsonl"], "data.train_file: no JSONL file at 'data/shards/*.jsonl'"),
     (["data.train_file=/tmp/mine.jsonl"], "data.train_file: must be under data/"),
     (["data.test_file=../mine.jsonl"], "data.test_file: must be under data/"),
+    (
+        ["sft.parallel.num_workers=3"],
+        "sft.batch_size: 64 sequences do not split evenly over sft.parallel.num_workers=3",
+    ),
+    (["sft.parallel.strategy=zero3"], "sft.parallel.strategy: must be one of ddp, fsdp"),
+    (["sft_cold.parallel.num_workers=0"], "sft_cold.parallel.num_workers: must be >= 1"),
     (["retrain.metric=accuracy"], "retrain.metric: must be one of pass@1, pass@k"),
     (["retrain.metric=response_length"], "retrain.metric: must be one of"),
     (["retrain.margin=-0.01"], "retrain.margin: must be >= 0"),

@@ -20,22 +20,23 @@ LOCAL_RAY = {
 }
 
 
-def connect_ray(runner: RunnerConfig) -> str:
+def connect_ray(runner: RunnerConfig, log_to_driver: bool = False) -> str:
     """Join the cluster at ``runner.ray_address`` or RAY_ADDRESS, else start a local Ray once per process;
-    return the cluster's address."""
+    return the cluster's address. ``log_to_driver``: print what this process's Ray workers print (a stage's
+    data-parallel workers: rank 0's progress is the stage's)."""
     if _shutting_down is not None:
         _shutting_down.join()
     if not ray.is_initialized():
         address = runner.ray_address or os.environ.get("RAY_ADDRESS")
         if address:
-            ray.init(address=address, log_to_driver=False, configure_logging=False)
+            ray.init(address=address, log_to_driver=log_to_driver, configure_logging=False)
         else:  # "local": our own Ray, even when a `ray start` cluster runs here (ray.init() would join that)
             ray.init(
                 address="local",
                 num_cpus=os.cpu_count(),
                 include_dashboard=False,
                 _system_config=LOCAL_RAY,
-                log_to_driver=False,
+                log_to_driver=log_to_driver,
                 configure_logging=False,
             )
     return ray.get_runtime_context().gcs_address

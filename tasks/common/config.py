@@ -129,12 +129,44 @@ class OptimizationConfig:
 
 
 @dataclass
+class ParallelConfig:
+    """How many processes train a stage's model, and how: Ray workers in a placement group, joined by
+    torch.distributed (gloo on CPU, NCCL on GPU). Every worker takes an equal slice of every batch, so the global
+    batch, the optimiser steps and (to float rounding) the loss curve are the one-worker run's."""
+
+    num_workers: int = param(1, "Data-parallel workers; 1 trains in the stage's own process.", ge=1)
+    strategy: str = param(
+        "ddp",
+        "ddp: a full replica per worker, gradients averaged; fsdp: parameters, gradients and optimiser state "
+        "sharded across the workers (FSDP2 fully_shard), for a model one device cannot hold.",
+        choices=("ddp", "fsdp"),
+    )
+    cpus_per_worker: float = param(1.0, "CPUs Ray reserves per worker.", ge=0)
+    gpus_per_worker: float = param(0.0, "GPUs Ray reserves per worker (with device: cuda).", ge=0)
+    memory_gb_per_worker: float = param(0.0, "Memory Ray reserves per worker, in GiB (0: no reservation).", ge=0)
+    threads_per_worker: int = param(
+        1, "torch threads per worker (Ray would give each one); with the world size, they fix the bits.", ge=1
+    )
+    placement: str = param(
+        "PACK",
+        "Ray placement group strategy: PACK (as few nodes as fit), SPREAD, STRICT_SPREAD (one worker per node), "
+        "STRICT_PACK (one node).",
+        choices=("PACK", "SPREAD", "STRICT_SPREAD", "STRICT_PACK"),
+    )
+    resources_per_worker: dict[str, float] = field(
+        default_factory=dict,
+        metadata={"help": "Custom Ray resources each worker needs, e.g. {gpu_node: 1} to pin workers to nodes."},
+    )
+
+
+@dataclass
 class SFTTrainingConfig(OptimizationConfig):
     """How a model is fine-tuned on worked solutions (every SFT stage, and the reward backbone)."""
 
     max_prompt_length: int = param(32, "Longest prompt in tokens; a longer one is an error.", ge=1)
     max_length: int = param(96, "Longest prompt + response in tokens; a longer example is an error.", ge=2)
     num_examples: int | None = param(None, "Train on the first N examples only; null: all of them.", ge=1)
+    parallel: ParallelConfig = section(ParallelConfig, "Data-parallel workers: how many, how sharded, where.")
 
 
 @dataclass

@@ -304,6 +304,11 @@ def _cross_field_errors(params: Params) -> Iterator[str]:
     base, evaluation = params.base, params.eval
     for name in SFT_SECTIONS:
         sft = getattr(params, name)
+        if sft.parallel.num_workers >= 1 and sft.batch_size % sft.parallel.num_workers:
+            yield (
+                f"{name}.batch_size: {sft.batch_size} sequences do not split evenly over "
+                f"{name}.parallel.num_workers={sft.parallel.num_workers} workers"
+            )
         if sft.max_length <= sft.max_prompt_length:
             yield (
                 f"{name}.max_length: must exceed {name}.max_prompt_length ({sft.max_prompt_length}), "

@@ -19,6 +19,7 @@ from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_
 
 from tasks.common.artifacts import CHECKPOINTS, atomic_output
 from tasks.common.config import OptimizationConfig
+from tasks.common.distributed import SINGLE, Rank, load_training_state, training_state
 from tasks.common.errors import NonFiniteError, cause
 from tasks.common.tracking import log_step
 
@@ -132,8 +133,7 @@ def restore_training_state(
     """Load a checkpoint's weights, optimiser moments and schedule position, keeping the learning rate this run
     is configured with: a run resumed after a divergence has usually lowered it. (Unchanged, it is bit-exact.)"""
     configured = list(scheduler.base_lrs)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    load_training_state(model, optimizer, state["model"], state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     scheduler.base_lrs = configured
     for group, base, factor in zip(optimizer.param_groups, configured, scheduler.lr_lambdas, strict=True):
@@ -152,6 +152,8 @@ class Checkpointer:
     """
 
     def __init__(self, stage: str, config: dict[str, Any], inputs: list[Path]):
+        # How many workers train a run does not change which run a checkpoint continues: it resumes on any number.
+        config = {key: value for key, value in config.items() if key != "parallel"}
         self.stage = stage
         self.root = CHECKPOINTS / stage
         inputs_digest = content_digest(inputs)  # a model directory can be gigabytes: read it once
@@ -218,13 +220,18 @@ def fit(
     cfg: OptimizationConfig,
     step_metrics: Callable[[int], dict[str, torch.Tensor]],
     checkpointer: Checkpointer,
-    live: Live,
+    live: Live | None,
+    rank: Rank = SINGLE,
 ) -> list[tuple[int, dict[str, float]]]:
     """``cfg.max_steps`` AdamW steps on ``step_metrics(step)["loss"]`` with warm-up and cosine decay: the loop every
     fixed-length training stage (SFT, DPO) runs. It resumes from ``checkpointer`` bit-for-bit (weights, optimiser,
     schedule, RNG, step, metric history; the data position follows from the step), logs the mean of every metric
     ``step_metrics`` returns over each ``log_every`` steps (with the gradient norm and the learning rate), saves a
     checkpoint every ``save_every`` steps, and stops on a non-finite loss, gradient or weight. Returns the history.
+
+    Data-parallel (``rank`` of a group): ``model`` is the unwrapped model (its state dict is the one-worker run's,
+    so a checkpoint resumes with any number of workers) and ``step_metrics`` runs the wrapped one on this rank's
+    slice; the metrics logged are means over the ranks, and only rank 0 (``live`` None elsewhere) logs and saves.
     """
     optimizer, scheduler = adamw_with_cosine(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, cfg.max_steps)
     start_step, history, interval = 0, [], {"sums": {}, "steps": 0}
@@ -232,15 +239,23 @@ def fit(
         restore_training_state(model, optimizer, scheduler, checkpoint)
         set_rng_state(checkpoint["rng"])
         start_step, history, interval = checkpoint["step"], checkpoint["history"], checkpoint["interval"]
-    for logged_step, metrics in history:
-        log_step(live, logged_step, metrics)
-    progress = tqdm(range(start_step, cfg.max_steps), desc=stage, initial=start_step, total=cfg.max_steps)
-    with stop_on_divergence(checkpointer):
+    if rank.is_main:
+        for logged_step, metrics in history:
+            log_step(live, logged_step, metrics)
+    steps = range(start_step, cfg.max_steps)
+    progress = tqdm(steps, desc=stage, initial=start_step, total=cfg.max_steps, disable=not rank.is_main)
+    # Rank 0 alone writes checkpoints, so it alone marks one for recovery.
+    with stop_on_divergence(checkpointer) if rank.is_main else contextlib.nullcontext():
         for step in progress:
             metrics = step_metrics(step)
+            # Over the ranks: what is logged, and whether to stop (all together, or the others would wait forever
+            # in the next all-reduce).
+            reported = {name: rank.mean(value) for name, value in metrics.items()}
+            if not torch.isfinite(reported["loss"]):
+                raise NonFiniteError(f"{stage} step {step + 1}: the loss is {reported['loss'].item()}")
             grad_norm = guarded_step(model, optimizer, metrics["loss"], cfg.grad_clip, f"{stage} step {step + 1}")
             scheduler.step()
-            for name, value in metrics.items():
+            for name, value in reported.items():
                 interval["sums"][name] = interval["sums"].get(name, 0.0) + value.item()
             interval["steps"] += 1
 
@@ -249,20 +264,23 @@ def fit(
                 logged = {name: round(total / interval["steps"], 6) for name, total in interval["sums"].items()}
                 logged |= {"grad_norm": round(grad_norm.item(), 6), "lr": scheduler.get_last_lr()[0]}
                 history.append((done, logged))
-                log_step(live, done, logged)
+                if rank.is_main:
+                    log_step(live, done, logged)
                 progress.set_postfix(loss=logged["loss"])
                 interval = {"sums": {}, "steps": 0}
             if done % cfg.save_every == 0 and done < cfg.max_steps:
-                checkpointer.save(
-                    {
-                        "model": model.state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict(),
-                        "rng": rng_state(),
-                        "step": done,
-                        "history": history,
-                        "interval": interval,
-                    }
-                )
+                weights, moments = training_state(model, optimizer)  # gathered from every rank when sharded
+                if rank.is_main:
+                    checkpointer.save(
+                        {
+                            "model": weights,
+                            "optimizer": moments,
+                            "scheduler": scheduler.state_dict(),
+                            "rng": rng_state(),
+                            "step": done,
+                            "history": history,
+                            "interval": interval,
+                        }
+                    )
         require_finite(model.state_dict(), f"{stage} after step {cfg.max_steps}, before saving the model")
     return history

@@ -23,13 +23,19 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask.bool(), values, 0).sum() / mask.sum().clamp(min=1)
 
 
-def sft_loss(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+def sft_loss(
+    logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, num_tokens: torch.Tensor | None = None
+) -> torch.Tensor:
     """Next-token negative log-likelihood averaged over the tokens ``loss_mask`` marks (the response).
 
-    logits (B, T, V) predict input_ids shifted by one; loss_mask (B, T) marks target tokens.
+    logits (B, T, V) predict input_ids shifted by one; loss_mask (B, T) marks target tokens. ``num_tokens``: what
+    to divide the sum by when these rows are one worker's slice of a batch (the whole batch's target tokens);
+    None divides by this batch's own.
     """
     logprobs = token_logprobs(logits[:, :-1], input_ids[:, 1:])
-    return -masked_mean(logprobs, loss_mask[:, 1:])
+    if num_tokens is None:
+        return -masked_mean(logprobs, loss_mask[:, 1:])
+    return -(logprobs * loss_mask[:, 1:]).sum() / num_tokens
 
 
 def pass_at_k(num_samples: int, num_correct: torch.Tensor, k: int) -> torch.Tensor:

@@ -8,6 +8,8 @@ The loop is ``tasks/common/training.py:fit``: AdamW with warm-up and cosine deca
 checkpoint every ``save_every`` steps holding everything needed to continue bit-for-bit.
 """
 
+import contextlib
+import functools
 from pathlib import Path
 
 import torch
@@ -15,6 +17,7 @@ import torch
 from models import load_policy, load_tokenizer, resolve_device
 from tasks.common.artifacts import DATA_DIR, atomic_output, model_dir, stage_dir, upstream_model
 from tasks.common.config import Params, SFTTrainingConfig, to_dict
+from tasks.common.distributed import Rank, data_parallel, full_state_dict, run_data_parallel
 from tasks.common.tracking import stage_live
 from tasks.common.training import Checkpointer, epoch_batch, fit, make_deterministic
 from tasks.data.datasets import DatasetError, read_examples
@@ -60,26 +63,49 @@ class SFTBatches:
 
 
 def train(params: Params, cfg: SFTTrainingConfig, stage: str, init_dir: Path, train_file: Path) -> None:
-    """Fine-tune the model in ``init_dir`` on ``train_file`` and write it to ``artifacts/<stage>``."""
+    """Fine-tune the model in ``init_dir`` on ``train_file`` and write it to ``artifacts/<stage>``, on
+    ``cfg.parallel.num_workers`` data-parallel workers."""
+    checkpointer = Checkpointer(stage, {"stage": stage, "seed": params.seed, **to_dict(cfg)}, [init_dir, train_file])
+    with atomic_output(model_dir(stage)) as out:
+        work = functools.partial(_train_rank, params, cfg, stage, init_dir, train_file, checkpointer, out)
+        run_data_parallel(work, cfg.parallel, f"{stage.partition('@')[0]}.parallel")
+    checkpointer.clear()
+
+
+def _train_rank(
+    params: Params,
+    cfg: SFTTrainingConfig,
+    stage: str,
+    init_dir: Path,
+    train_file: Path,
+    checkpointer: Checkpointer,
+    out: Path,
+    rank: Rank,
+) -> None:
+    """One worker's share of ``train``: every rank builds the same model and batches and trains on its rows."""
     make_deterministic(params.seed)
     device = resolve_device(params.device)
     tokenizer = load_tokenizer(init_dir)
     batches = SFTBatches(read_examples(train_file)[: cfg.num_examples], tokenizer, cfg, train_file, params.seed)
     model = load_policy(init_dir, device)
     model.train()
+    replica = data_parallel(model, cfg.parallel.strategy, rank)
 
     def step_metrics(step: int) -> dict[str, torch.Tensor]:
-        batch = {name: tensor.to(device) for name, tensor in batches[step].items()}
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        return {"loss": sft_loss(logits, batch["input_ids"], batch["loss_mask"])}
+        batch = batches[step]
+        rows = {name: tensor[rank.slice(len(tensor))].to(device) for name, tensor in batch.items()}
+        # The sum over this rank's rows over the whole batch's tokens: averaged over the ranks, the batch's mean.
+        num_tokens = None if rank.world_size == 1 else batch["loss_mask"][:, 1:].sum() / rank.world_size
+        logits = replica(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"]).logits
+        return {"loss": sft_loss(logits, rows["input_ids"], rows["loss_mask"], num_tokens)}
 
-    checkpointer = Checkpointer(stage, {"stage": stage, "seed": params.seed, **to_dict(cfg)}, [init_dir, train_file])
-    with atomic_output(model_dir(stage)) as out, stage_live(stage) as live:
-        fit(stage, model, cfg, step_metrics, checkpointer, live)
-        live.make_summary()
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
-    checkpointer.clear()
+    with stage_live(stage) if rank.is_main else contextlib.nullcontext() as live:
+        fit(stage, model, cfg, step_metrics, checkpointer, live, rank)
+        state = full_state_dict(model, rank)
+        if rank.is_main:
+            live.make_summary()
+            model.save_pretrained(out, state_dict=state)
+            tokenizer.save_pretrained(out)
 
 
 def run(params: Params) -> None:
