@@ -1,6 +1,11 @@
-"""SFT steps per second with 1 and 2 data-parallel workers (1 thread each), side by side, and the scaling efficiency.
+"""SFT and GRPO steps per second with 1 and 2 data-parallel workers (1 thread each), side by side, and the scaling
+efficiency.
 
-Each configuration runs the sft stage twice, for ``--short`` and ``--long`` steps, and the rate is the difference:
+SFT: one worker against two. GRPO: one actor with its engine in its process against two actor workers and two
+rollout engine replicas (each replica samples half the prompts, each worker trains on half of every minibatch, and
+the engines take the actor's weights after every update).
+
+Each configuration runs its stage twice, for a short and a long run, and the rate is the difference:
 steps / (time(long) - time(short)), so Ray's start-up, placement and model loading (paid once per stage) drop out.
 The rounds alternate the configurations, so drift on a shared machine hits both alike.
 
@@ -19,8 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.conftest import ENV, make_project  # noqa: E402
 
-# The default model and batch (what the stage trains at the defaults; the project's TINY model is undone), on a small
-# generated split.
+# The default model and batches (what the stages train at the defaults; the project's TINY model is undone), on a
+# small generated split. GRPO from the base model is grpo_zero; the length reward differs within every group, so
+# every iteration trains (the untrained model never answers right, and accuracy would teach nothing).
 SETTINGS = (
     "base.hidden_size=96",
     "base.num_layers=3",
@@ -31,36 +37,65 @@ SETTINGS = (
     "sft.log_every=10",
     "sft.save_every=100000",
     "sft.warmup_steps=5",
+    "grpo.rewards={length: 1.0}",
+    "grpo.dynamic_sampling=false",
+    "grpo.rollout_batch_size=32",
+    "grpo.group_size=8",
+    "grpo.minibatch_size=128",
+    "grpo.max_new_tokens=64",
+    "grpo.ref_reset_every=null",
+    "grpo.save_every=100000",
+    "grpo.parallel.cpus_per_worker=0.5",
+    "grpo.roles.rollout.num_cpus=0.5",
 )
 
+# stage -> (its steps param, the overrides of 1 and of 2 workers, short and long runs in steps)
+STAGES = {
+    "sft": ("sft.max_steps", {1: ["sft.parallel.num_workers=1"], 2: ["sft.parallel.num_workers=2"]}, (10, 110)),
+    "grpo": (
+        "grpo.steps",
+        {
+            1: ["grpo.parallel.num_workers=1", "grpo.rollout_engines=1"],
+            2: ["grpo.parallel.num_workers=2", "grpo.rollout_engines=2"],
+        },
+        (2, 8),
+    ),
+}
+RUNS = {"sft": "sft", "grpo": "grpo_zero"}
 
-def _stage_seconds(project: Path, workers: int, steps: int) -> float:
-    overrides = [f"sft.max_steps={steps}", f"sft.parallel.num_workers={workers}", "sft.parallel.threads_per_worker=1"]
+
+def _stage_seconds(project: Path, stage: str, workers: int, steps: int) -> float:
+    steps_key, configurations, _ = STAGES[stage]
+    overrides = [f"{steps_key}={steps}", f"{stage}.parallel.threads_per_worker=1", *configurations[workers]]
     # One worker trains in the stage's own process: one thread there too, as each of two workers has.
     env = {**ENV, "OMP_NUM_THREADS": "1"} if workers == 1 else ENV
     started = time.perf_counter()
-    subprocess.run(["alignflow", "stage", "sft", *overrides], cwd=project, env=env, check=True, capture_output=True)
+    command = ["alignflow", "stage", RUNS[stage], *overrides]
+    subprocess.run(command, cwd=project, env=env, check=True, capture_output=True)
     return time.perf_counter() - started
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--short", type=int, default=10)
-    parser.add_argument("--long", type=int, default=110)
+    parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=list(STAGES))
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as where:
         project = make_project(Path(where), SETTINGS)
         for stage in ("data", "base"):
             subprocess.run(["alignflow", "stage", stage], cwd=project, env=ENV, check=True, capture_output=True)
-        rates: dict[int, list[float]] = {1: [], 2: []}
-        for _ in range(args.rounds):
-            for workers in rates:
-                extra = _stage_seconds(project, workers, args.long) - _stage_seconds(project, workers, args.short)
-                rates[workers].append((args.long - args.short) / extra)
-    one, two = statistics.median(rates[1]), statistics.median(rates[2])
-    print(f"sft steps/s (median of {args.rounds}): 1 worker {one:.2f}, 2 workers {two:.2f}")
-    print(f"speed-up {two / one:.2f}x; scaling efficiency {two / one / 2:.0%} (1 thread per worker)")
+        for stage in args.stages:
+            short, long = STAGES[stage][2]
+            rates: dict[int, list[float]] = {1: [], 2: []}
+            for _ in range(args.rounds):
+                for workers in rates:
+                    extra = _stage_seconds(project, stage, workers, long) - _stage_seconds(
+                        project, stage, workers, short
+                    )
+                    rates[workers].append((long - short) / extra)
+            one, two = statistics.median(rates[1]), statistics.median(rates[2])
+            print(f"{stage} steps/s (median of {args.rounds}): 1 worker {one:.2f}, 2 workers {two:.2f}")
+            print(f"{stage} speed-up {two / one:.2f}x; scaling efficiency {two / one / 2:.0%} (1 thread per worker)")
 
 
 if __name__ == "__main__":

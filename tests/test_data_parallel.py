@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import replace
+from pathlib import Path
 
 import psutil
 import pytest
@@ -19,10 +21,12 @@ from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from flows.local_server import free_port
-from tasks.common.config import ConfigError, ParallelConfig
+from tasks.common.config import ConfigError, ParallelConfig, Params, RewardModelConfig
 from tasks.common.distributed import Rank, WorkerLost, data_parallel, run_data_parallel
 from tasks.common.params import load_params
 from tasks.common.registry import run_stage
+from tasks.data.datasets import PreferencePair, read_examples
+from tasks.stages.reward_model import train_member
 from tests.conftest import ENV, kill_at_first_checkpoint, make_project
 
 pytestmark = pytest.mark.slow
@@ -90,6 +94,85 @@ def test_a_checkpoint_resumes_on_another_number_of_workers(project, one_worker, 
     ran = subprocess.run(resume, cwd=project, env=ENV, capture_output=True, text=True)
     assert ran.returncode == 0 and f"resuming from the checkpoint at step {step}" in ran.stdout + ran.stderr
     assert _close(load_file(project / "artifacts/sft/model.safetensors"), one_worker[1], 1e-5)
+
+
+GRPO = (
+    "grpo.rewards={length: 1.0}",  # responses of a group differ in length from the start: every iteration updates
+    "grpo.dynamic_sampling=false",
+    "grpo.rollout_batch_size=8",
+    "grpo.group_size=4",
+    "grpo.minibatch_size=16",  # two actor updates per iteration, each split over the workers
+    "grpo.max_new_tokens=24",
+    "grpo.warmup_steps=0",
+    "grpo.actor_lr=0.001",
+    "grpo.parallel.cpus_per_worker=0.5",
+    "grpo.roles.rollout.num_cpus=0.5",
+)
+
+
+def _grpo_zero(project, *overrides: str) -> tuple[dict[str, list[float]], dict[str, torch.Tensor]]:
+    """Run grpo_zero (GRPO from the base model) in this process; every metric it logged, by iteration, and its
+    final weights."""
+    with contextlib.chdir(project):
+        params = load_params("params.yaml", [*GRPO, *overrides])
+        with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
+            run_stage("grpo_zero", params)
+    plots = project / "metrics/grpo_zero/plots/metrics/train"
+    logged = {
+        str(path.relative_to(plots).with_suffix("")): [
+            float(row.split("\t")[-1]) for row in path.read_text().splitlines()[1:]
+        ]
+        for path in plots.rglob("*.tsv")
+    }
+    return logged, load_file(project / "artifacts/grpo_zero/model.safetensors")
+
+
+def test_grpo_with_two_actor_workers_and_two_rollout_engines_keeps_every_engine_in_parity(project):
+    logged, _ = _grpo_zero(project, "grpo.steps=5", "grpo.parallel.num_workers=2", "grpo.rollout_engines=2")
+    assert len(logged["reward"]) == 5
+    for engine in ("engine_0", "engine_1"):
+        parity = logged[f"logprob_parity_{engine}"]
+        # each iteration samples with the weights synced after the one before: the actor's numbers, on both
+        assert len(parity) == 5 and max(parity) <= 1e-3, (engine, parity)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_actor_workers_take_the_one_worker_update(project, strategy):
+    """The same engines (and so the same first rollout) with one actor worker and with two: the same policy loss
+    and, after two iterations of two updates each, the same weights (to float rounding)."""
+    engines = ("grpo.steps=2", "grpo.rollout_engines=2")
+    one, one_weights = _grpo_zero(project, *engines)
+    two, two_weights = _grpo_zero(
+        project, *engines, "grpo.parallel.num_workers=2", f"grpo.parallel.strategy={strategy}"
+    )
+    assert len(one["policy_loss"]) == 2
+    for name in ("policy_loss", "entropy", "grad_norm"):
+        assert all(abs(a - b) <= 1e-5 * max(abs(a), 1e-3) for a, b in zip(one[name], two[name], strict=True)), (
+            name,
+            one[name],
+            two[name],
+        )
+    assert _close(one_weights, two_weights, 1e-5)
+
+
+def test_two_reward_model_workers_train_what_one_does(project):
+    """Bradley-Terry on pairs of (solution, wrong answer): two workers, each with half of every batch of pairs,
+    end at one worker's weights and log its loss curve."""
+    with contextlib.chdir(project):
+        examples = read_examples(Path("artifacts/data/train.jsonl"))[:32]
+        pairs = [PreferencePair(e.prompt, e.solution, e.solution[::-1]) for e in examples]
+        cfg = RewardModelConfig(backbone="base", batch_size=8, epochs=1, warmup_steps=1, log_every=1)
+        params = Params(seed=0, device="cpu")
+        runs = {}
+        for workers in (1, 2):
+            parallel = ParallelConfig(num_workers=workers, cpus_per_worker=0.5)
+            out = Path(f"reward-{workers}")
+            history = train_member(params, replace(cfg, parallel=parallel), 0, pairs, out)
+            runs[workers] = ([metrics["loss"] for _, metrics in history], load_file(out / "model.safetensors"))
+    (one_losses, one), (two_losses, two) = runs[1], runs[2]
+    assert len(one_losses) == len(two_losses) == 4
+    assert all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(one_losses, two_losses, strict=True))
+    assert _close(one, two, 1e-5)
 
 
 def _gradients_after_one_step(strategy: str, rank: Rank) -> dict[str, torch.Tensor]:
@@ -163,12 +246,19 @@ def test_two_ray_nodes_on_loopback_each_run_one_worker(project):
     env = {**ENV, "RAY_AUTH_MODE": "disabled", "GLOO_SOCKET_IFNAME": "lo"}  # gloo would bind by hostname
     start = ["ray", "start", "--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats"]
     try:
-        head = [*start, "--head", f"--port={port}", "--include-dashboard=false", '--resources={"node_a": 1}']
+        # One "trainer" slot per node: two workers that each need one cannot share a node.
+        head = [*start, "--head", f"--port={port}", "--include-dashboard=false", '--resources={"trainer": 1}']
         subprocess.run(head, env=env, check=True, capture_output=True)
-        second = [*start, f"--address=127.0.0.1:{port}", '--resources={"node_b": 1}']
+        second = [*start, f"--address=127.0.0.1:{port}", '--resources={"trainer": 1}']
         subprocess.run(second, env=env, check=True, capture_output=True)
         ran = subprocess.run(
-            ["alignflow", "stage", "sft", "sft.parallel.num_workers=2", "sft.parallel.placement=STRICT_SPREAD"],
+            [
+                "alignflow",
+                "stage",
+                "sft",
+                "sft.parallel.num_workers=2",
+                "sft.parallel.resources_per_worker={trainer: 1}",
+            ],
             cwd=project,
             env={**env, "RAY_ADDRESS": f"127.0.0.1:{port}"},
             capture_output=True,

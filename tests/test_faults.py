@@ -2,6 +2,7 @@
 divergence, a bad params.yaml under `alignflow repro`, unchecked RL prompts, late reward-import and value errors,
 missing upstream models, and the shutdown tracebacks. Bad-input cases by the dozen live in test_validation.py."""
 
+import dataclasses
 import json
 import random
 import re
@@ -140,7 +141,8 @@ def test_nan_at_a_random_grpo_step_keeps_the_last_checkpoint_and_a_rerun_with_a_
         monkeypatch.setattr(tasks.rl.trainer.RewardScorer, "score", poisoned_score)
     else:
         policy_loss = tasks.rl.workers.POLICY_LOSSES["token_mean"]
-        monkeypatch.setitem(tasks.rl.workers.POLICY_LOSSES, "token_mean", poisoned_loss)
+        poisoned = dataclasses.replace(policy_loss, compute=poisoned_loss)
+        monkeypatch.setitem(tasks.rl.workers.POLICY_LOSSES, "token_mean", poisoned)
     # The length reward differs within every group (the untrained model never answers right), so each step updates.
     schedule = [f"grpo.steps={GRPO_STEPS}", f"grpo.save_every={GRPO_SAVE_EVERY}", "grpo.rewards={length: 1.0}"]
     assert main(["stage", "grpo_zero", *schedule]) == 1

@@ -79,7 +79,8 @@ def expected_score(round_: int, group: int, sample: int, informative: list[bool]
 
 
 def run_collect(pattern: list[list[bool]], cfg: RLConfig):
-    roles = {"actor": Worker(FakeActor, (cfg.group_size,), None)}
+    actor = Worker(FakeActor, (cfg.group_size,), None)
+    roles = {"actor": actor, "rollout": actor}  # the engine in the actor's process
     scorer = PatternScorer(pattern, cfg.group_size)
     state = LoopState()
     rollout, stats = collect(roles, scorer, EXAMPLES, cfg, state, SEED, new_clock())
@@ -320,7 +321,7 @@ def test_a_toy_grpo_run_raises_its_mean_reward(model_dir, one_thread):
     params = Params(seed=SEED, device="cpu")
     make_deterministic(SEED)
     roles = place(params, cfg, model_dir, [], needed_roles(cfg))
-    assert set(roles) == {"actor", "reference"}
+    assert set(roles) == {"actor", "reference", "rollout"} and roles["rollout"] is roles["actor"]
     tokenizer, scorer, state = load_tokenizer(model_dir), DigitScorer(), LoopState(kl_coef=cfg.kl_coef)
     examples = [Example("arithmetic", f"{a}+{b}=", str(a + b), "") for a in range(4) for b in range(4)]
     rewards, history = [], []

@@ -278,6 +278,7 @@ class RewardModelConfig:
         "as InstructGPT's one 6B reward model served policies of several sizes.",
     )
     log_every: int = param(20, "Log training metrics every N steps.", ge=1)
+    parallel: ParallelConfig = section(ParallelConfig, "Data-parallel workers of each member's training.")
 
 
 @dataclass
@@ -343,7 +344,7 @@ class DPOConfig(OptimizationConfig, PreferenceLossConfig):
 
 
 def _default_roles() -> dict[str, StageResources]:
-    return {role: StageResources(num_cpus=0.5) for role in ("actor", "critic", "reference", "reward")}
+    return {role: StageResources(num_cpus=0.5) for role in ("actor", "critic", "reference", "reward", "rollout")}
 
 
 @dataclass
@@ -425,13 +426,30 @@ class RLConfig:
         "reward", "Critic backbone from the reward model or the policy's initial model.", choices=("reward", "policy")
     )
     rollout_backend: str = param("hf", "Rollout engine: hf (transformers generate) or vllm.", choices=("hf", "vllm"))
-    colocate: bool = param(True, "Run every role in the stage's process; false gives each role its own Ray actor.")
+    colocate: bool = param(
+        True,
+        "Run every role in the stage's process; false gives each role its own Ray actor. (Data-parallel trained "
+        "roles and separate rollout engines are Ray actors either way.)",
+    )
     roles: dict[str, StageResources] = field(
         default_factory=_default_roles,
         metadata={
             "help": "Ray resources of each role's actor when colocate is false: actor, critic, reference, reward, "
-            "teacher."
+            "teacher; and of each rollout engine replica (rollout) when they run apart from the actor."
         },
+    )
+    parallel: ParallelConfig = section(
+        ParallelConfig,
+        "Data-parallel workers of each trained role (the actor, and the critic when there is one); each worker "
+        "takes its share of every minibatch.",
+    )
+    rollout_engines: int = param(
+        1,
+        "Rollout engine replicas. One, with one actor worker, lives in the actor's process and samples from its "
+        "weights; otherwise each replica is a Ray actor (roles.rollout) holding a copy of the policy, samples a "
+        "contiguous share of each batch's prompts, and takes the actor's weights through the object store after "
+        "each update (sync_every).",
+        ge=1,
     )
     save_every: int = param(25, "Write a resumable checkpoint every N iterations.", ge=1)
     entropy_floor: float = param(0.05, "Warn when mean token entropy falls below this (collapse).", ge=0)

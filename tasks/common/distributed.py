@@ -13,11 +13,12 @@ A placement the cluster cannot satisfy is an error naming the key within ``PLACE
 worker that dies fails the stage naming the worker and its node (the last checkpoint stays where it was).
 """
 
+import contextlib
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -49,11 +50,46 @@ class Rank:
 
     def mean(self, value: torch.Tensor) -> torch.Tensor:
         """``value`` averaged over the ranks (itself in a group of one)."""
+        return self.sum(value) / self.world_size if self.world_size > 1 else value
+
+    def sum(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` summed over the ranks: rows each rank filled in a tensor of zeros become the whole tensor."""
         if self.world_size == 1:
             return value
         value = value.detach().clone()
         dist.all_reduce(value)
-        return value / self.world_size
+        return value
+
+    def share(self, rows: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """This rank's share of ``rows`` (1-D indices, split as evenly as they go) and its weight: the share's
+        fraction of the rows times the world size. A rank's loss normalised over its share, times the weight, and
+        averaged over the ranks is the loss normalised over all the rows; its gradient too. A rank left without
+        rows (fewer rows than ranks) runs the first row with weight 0, so that every rank takes part in the step."""
+        if self.world_size == 1:
+            return rows, 1.0
+        mine = rows.tensor_split(self.world_size)[self.rank]
+        if len(mine) == 0:
+            return rows[:1], 0.0
+        return mine, len(mine) * self.world_size / len(rows)
+
+    def average_gradients(self, model: torch.nn.Module) -> None:
+        """Average a replicated model's gradients over the ranks, in one all-reduce (a sharded model's are already
+        reduced by FSDP)."""
+        if self.world_size == 1 or is_sharded(model):
+            return
+        parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
+        flat = torch.cat([grad.reshape(-1) for grad in grads])
+        dist.all_reduce(flat)
+        flat /= self.world_size
+        for parameter, part in zip(parameters, flat.split([grad.numel() for grad in grads]), strict=True):
+            parameter.grad = part.view_as(parameter).clone()
+
+    def any(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any rank (so that every rank takes the same branch)."""
+        if self.world_size == 1:
+            return flag
+        return bool(self.sum(torch.tensor(float(flag))) > 0)
 
 
 SINGLE = Rank()
@@ -67,13 +103,19 @@ def data_parallel(model: torch.nn.Module, strategy: str, rank: Rank) -> torch.nn
     """The module this rank runs forward and backward through: ``model`` itself alone; DDP (a full replica,
     gradients averaged during backward); or FSDP2, each decoder block and then the rest sharded in place
     (``model``'s parameters become DTensor shards)."""
-    from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
 
     if rank.world_size == 1:
         return model
     if strategy == "ddp":
         return DistributedDataParallel(model)
+    return shard_in_place(model)
+
+
+def shard_in_place(model: torch.nn.Module) -> torch.nn.Module:
+    """FSDP2: each decoder block, then the rest, sharded over the process group (parameters become DTensors)."""
+    from torch.distributed.fsdp import fully_shard
+
     for block in model.model.layers:
         fully_shard(block)
     fully_shard(model)
@@ -170,8 +212,9 @@ def _exit_with(pid: int) -> None:
     threading.Thread(target=watch, name="exit-with-stage", daemon=True).start()
 
 
-class _Worker:
-    """A Ray actor (``ray.remote(_Worker)``) holding one rank."""
+class _Member:
+    """A Ray actor (``ray.remote(_Member)``) holding one rank: of a group that runs one function (``run``), or of
+    a role's group that lives as long as the stage (``build``, then ``call`` after ``call``)."""
 
     def address(self) -> tuple[str, int, str]:
         """This worker's node address, a free port there (rank 0's is the group's rendezvous), its Ray node id."""
@@ -182,15 +225,7 @@ class _Worker:
             port = probe.getsockname()[1]
         return ray.util.get_node_ip_address(), port, ray.get_runtime_context().get_node_id()
 
-    def run(
-        self,
-        fn: Callable[[Rank], Any],
-        rank: int,
-        world_size: int,
-        master: tuple[str, int],
-        threads: int,
-        stage: tuple[str, int, str],
-    ) -> Any:
+    def join(self, rank: int, world_size: int, master: tuple[str, int], threads: int, stage: tuple[str, int, str]):
         node, pid, cwd = stage
         import ray
 
@@ -201,18 +236,24 @@ class _Worker:
         os.environ["OMP_NUM_THREADS"] = str(threads)
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=rank, world_size=world_size)
+        self.rank = Rank(rank, world_size)
+
+    def run(self, fn: Callable[[Rank], Any]) -> Any:
         try:
-            return fn(Rank(rank, world_size))
+            return fn(self.rank)
         finally:
             dist.destroy_process_group()
 
+    def build(self, role: type, *args: Any) -> None:
+        self.role = role(*args, rank=self.rank)
 
-def run_data_parallel(fn: Callable[[Rank], T], cfg: ParallelConfig, key: str) -> T:
-    """``fn(rank)`` on ``cfg.num_workers`` Ray workers joined in one process group; rank 0's result. One worker:
-    ``fn(SINGLE)`` here, in this process, exactly as a stage ran before it could scale out. ``key`` names the
-    params section (``sft.parallel``) in errors."""
-    if cfg.num_workers == 1:
-        return fn(SINGLE)
+    def call(self, method: str, *args: Any) -> Any:
+        return getattr(self.role, method)(*args)
+
+
+@contextlib.contextmanager
+def _group(cfg: ParallelConfig, key: str) -> Iterator[tuple[list[Any], list[tuple[str, int, str]]]]:
+    """``cfg.num_workers`` members placed, joined in one process group, and their nodes; gone on exit."""
     import ray
     from ray.util.placement_group import remove_placement_group
 
@@ -221,27 +262,80 @@ def run_data_parallel(fn: Callable[[Rank], T], cfg: ParallelConfig, key: str) ->
 
     connect_ray(RunnerConfig(), log_to_driver=True)  # RAY_ADDRESS when the flow runs the stage, else a local Ray
     group = _placement(cfg, key)
+    members = []
     try:
-        workers = _start_workers(group, cfg)
+        members = _start_members(group, cfg)
         # Each worker's node by the address Ray knows it by (a node started with --node-ip-address=127.0.0.1 is
         # reached there), a free port on it, and its id.
         known = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
-        nodes = [(known.get(node, ip), port, node) for ip, port, node in ray.get([w.address.remote() for w in workers])]
+        nodes = [(known.get(node, ip), port, node) for ip, port, node in ray.get([m.address.remote() for m in members])]
         placed = ", ".join(f"{ip} (Ray node {node[:12]})" for ip, _, node in nodes)
         print(f"{key}: {cfg.num_workers} workers ({cfg.strategy}), rank by rank on {placed}", flush=True)
         stage = (ray.util.get_node_ip_address(), os.getpid(), os.getcwd())
-        master = nodes[0][:2]
-        runs = [
-            worker.run.remote(fn, rank, cfg.num_workers, master, cfg.threads_per_worker, stage)
-            for rank, worker in enumerate(workers)
+        joins = [
+            member.join.remote(rank, cfg.num_workers, nodes[0][:2], cfg.threads_per_worker, stage)
+            for rank, member in enumerate(members)
         ]
-        try:
-            return _first_failure_or_results(runs, nodes)[0]
-        finally:
-            for worker in workers:
-                ray.kill(worker)
+        _first_failure_or_results(joins, nodes)
+        yield members, nodes
     finally:
+        for member in members:
+            ray.kill(member)
         remove_placement_group(group)
+
+
+def run_data_parallel(fn: Callable[[Rank], T], cfg: ParallelConfig, key: str) -> T:
+    """``fn(rank)`` on ``cfg.num_workers`` Ray workers joined in one process group; rank 0's result. One worker:
+    ``fn(SINGLE)`` here, in this process, exactly as a stage ran before it could scale out. ``key`` names the
+    params section (``sft.parallel``) in errors."""
+    if cfg.num_workers == 1:
+        return fn(SINGLE)
+    with _group(cfg, key) as (members, nodes):
+        return _first_failure_or_results([member.run.remote(fn) for member in members], nodes)[0]
+
+
+class GroupCall:
+    """A call running on every rank of a ``RoleGroup``."""
+
+    def __init__(self, runs: list[Any], nodes: list[tuple[str, int, str]]):
+        self.runs, self.nodes = runs, nodes
+
+    def result(self) -> Any:
+        """Rank 0's result, once every rank has finished (a failed or lost rank raises, naming it)."""
+        return _first_failure_or_results(self.runs, self.nodes)[0]
+
+    def ref(self) -> Any:
+        """Rank 0's result as a Ray object, not fetched here: to hand to other actors (the policy's weights to the
+        rollout engines), once every rank has finished."""
+        _first_failure_or_results(self.runs, self.nodes, fetch_first=False)
+        return self.runs[0]
+
+
+class RoleGroup:
+    """One role (the RL actor, the critic) on ``cfg.num_workers`` data-parallel ranks that live as long as the
+    stage. Every call runs on every rank with the same arguments (each put in the object store once, not sent once
+    per rank); the ranks take their own shares of a batch and meet in collectives, and the result is rank 0's."""
+
+    def __init__(self, role: type, args: tuple, cfg: ParallelConfig, key: str):
+        import ray
+
+        self._exit = contextlib.ExitStack()
+        self.members, self.nodes = self._exit.enter_context(_group(cfg, key))
+        try:
+            shared = [ray.put(arg) for arg in args]  # top-level arguments: Ray hands each rank the value
+            GroupCall([member.build.remote(role, *shared) for member in self.members], self.nodes).result()
+        except BaseException:
+            self.close()
+            raise
+
+    def call(self, method: str, *args: Any) -> GroupCall:
+        import ray
+
+        shared = [ray.put(arg) if not isinstance(arg, ray.ObjectRef) else arg for arg in args]
+        return GroupCall([member.call.remote(method, *shared) for member in self.members], self.nodes)
+
+    def close(self) -> None:
+        self._exit.close()
 
 
 def _placement(cfg: ParallelConfig, key: str) -> Any:
@@ -273,12 +367,12 @@ def _placement(cfg: ParallelConfig, key: str) -> Any:
     return group
 
 
-def _start_workers(group: Any, cfg: ParallelConfig) -> list[Any]:
+def _start_members(group: Any, cfg: ParallelConfig) -> list[Any]:
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     return [
-        ray.remote(_Worker)
+        ray.remote(_Member)
         .options(
             num_cpus=cfg.cpus_per_worker,
             num_gpus=cfg.gpus_per_worker,
@@ -289,17 +383,22 @@ def _start_workers(group: Any, cfg: ParallelConfig) -> list[Any]:
     ]
 
 
-def _first_failure_or_results(runs: list[Any], nodes: list[tuple[str, int, str]]) -> list[Any]:
+def _first_failure_or_results(
+    runs: list[Any], nodes: list[tuple[str, int, str]], fetch_first: bool = True
+) -> list[Any]:
     """Every worker's result, or the first failure as soon as it happens (the others would wait on it forever in
-    their next collective): a lost worker is named with its node; a worker's exception is re-raised (rank 0's
-    when it failed too, as it owns the checkpoint and the better message)."""
+    their next collective): a lost worker is named with its node; a worker's exception is re-raised (rank 0's when
+    it failed too, as it owns the checkpoint and the better message). ``fetch_first`` False leaves rank 0's result
+    in the object store (None in its place): whoever it is handed to meets its failure, if any."""
     import ray
     from ray.exceptions import RayActorError, RayTaskError
 
     pending = list(runs)
     while pending:
-        done, pending = ray.wait(pending, num_returns=1)
+        done, pending = ray.wait(pending, num_returns=1, fetch_local=False)
         rank = runs.index(done[0])
+        if rank == 0 and not fetch_first:
+            continue
         try:
             ray.get(done[0])
         except RayActorError as error:
@@ -315,4 +414,4 @@ def _first_failure_or_results(runs: list[Any], nodes: list[tuple[str, int, str]]
                 except RayTaskError as first:
                     raise first.as_instanceof_cause() from None
             raise error.as_instanceof_cause() from None
-    return ray.get(runs)
+    return [ray.get(run) if rank or fetch_first else None for rank, run in enumerate(runs)]

@@ -304,7 +304,7 @@ def _cross_field_errors(params: Params) -> Iterator[str]:
     base, evaluation = params.base, params.eval
     for name in SFT_SECTIONS:
         sft = getattr(params, name)
-        if sft.parallel.num_workers >= 1 and sft.batch_size % sft.parallel.num_workers:
+        if sft.batch_size % sft.parallel.num_workers:
             yield (
                 f"{name}.batch_size: {sft.batch_size} sequences do not split evenly over "
                 f"{name}.parallel.num_workers={sft.parallel.num_workers} workers"
@@ -313,6 +313,15 @@ def _cross_field_errors(params: Params) -> Iterator[str]:
             yield (
                 f"{name}.max_length: must exceed {name}.max_prompt_length ({sft.max_prompt_length}), "
                 f"got {sft.max_length}"
+            )
+    rl_batches = {name: getattr(params, name).minibatch_size for name in RL_SECTIONS}
+    for name, batch_size in {"reward_model": params.reward_model.batch_size, **rl_batches}.items():
+        workers = getattr(params, name).parallel.num_workers
+        key = "batch_size" if name == "reward_model" else "minibatch_size"
+        if batch_size % workers:
+            yield (
+                f"{name}.{key}: {batch_size} {'pairs' if name == 'reward_model' else 'responses'} do not split "
+                f"evenly over {name}.parallel.num_workers={workers} workers"
             )
     yield from _model_key_errors(params)
     if "+" not in params.task.countdown.ops:  # the one operation that applies at every step of a solution

@@ -52,14 +52,24 @@ def adamw_with_cosine(
 
 
 def guarded_step(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor, grad_clip: float, where: str
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss: torch.Tensor,
+    grad_clip: float,
+    where: str,
+    rank: Rank = SINGLE,
 ) -> torch.Tensor:
     """Backward, clip the gradient norm, and step, unless the loss or the norm is not finite: then nothing is
-    updated and NonFiniteError names ``where`` and the quantity. Returns the (pre-clip) gradient norm."""
+    updated and NonFiniteError names ``where`` and the quantity. Returns the (pre-clip) gradient norm.
+
+    ``rank``: of the data-parallel group whose replicated gradients this step averages (a model that DDP wraps
+    or FSDP shards averages its own); a loss that is not finite on any rank stops every rank."""
     optimizer.zero_grad(set_to_none=True)
-    if not torch.isfinite(loss):
-        raise NonFiniteError(f"{where}: the loss is {loss.item()}")
+    total = rank.sum(loss.detach())
+    if not torch.isfinite(total):
+        raise NonFiniteError(f"{where}: the loss is {total.item()}")
     loss.backward()
+    rank.average_gradients(model)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     if not torch.isfinite(grad_norm):
         optimizer.zero_grad(set_to_none=True)

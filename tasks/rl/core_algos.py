@@ -267,12 +267,26 @@ def overlong_penalty(lengths: torch.Tensor, truncated: torch.Tensor, max_length:
 # (loss, fraction of tokens or sequences where the clip is active).
 
 PolicyLoss = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-POLICY_LOSSES: dict[str, PolicyLoss] = {}
 
 
-def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
+@dataclass(frozen=True)
+class RegisteredPolicyLoss:
+    """A policy loss and what its batch mean divides by, which data-parallel workers read to weight their shares
+    of a minibatch so that the averaged gradient is the whole minibatch's."""
+
+    compute: PolicyLoss
+    per: str  # "tokens": a mean over the minibatch's tokens; "sequences": over its responses (or a multiple of them)
+
+    def __call__(self, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.compute(*args, **kwargs)
+
+
+POLICY_LOSSES: dict[str, RegisteredPolicyLoss] = {}
+
+
+def register_policy_loss(name: str, per: str) -> Callable[[PolicyLoss], PolicyLoss]:
     def register(loss: PolicyLoss) -> PolicyLoss:
-        POLICY_LOSSES[name] = loss
+        POLICY_LOSSES[name] = RegisteredPolicyLoss(loss, per)
         return loss
 
     return register
@@ -286,7 +300,7 @@ def _clipped_terms(logprobs, old_logprobs, advantages, mask, eps_low, eps_high) 
     return torch.maximum(unclipped, clipped), (clipped > unclipped).float()
 
 
-@register_policy_loss("token_mean")
+@register_policy_loss("token_mean", per="tokens")
 def clipped_policy_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, **_):
     """PPO's clipped surrogate, averaged over every token of the batch (DAPO's token-level loss).
 
@@ -296,7 +310,7 @@ def clipped_policy_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_h
     return masked_mean(terms, mask), masked_mean(clipped, mask)
 
 
-@register_policy_loss("seq_mean")
+@register_policy_loss("seq_mean", per="sequences")
 def seq_mean_policy_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, **_):
     """The clipped surrogate averaged over each response's tokens, then over responses (GRPO as published)."""
     terms, clipped = _clipped_terms(logprobs, old_logprobs, advantages, mask, eps_low, eps_high)
@@ -304,7 +318,7 @@ def seq_mean_policy_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_
     return per_sequence.mean(), masked_mean(clipped, mask)
 
 
-@register_policy_loss("dr_grpo")
+@register_policy_loss("dr_grpo", per="sequences")
 def dr_grpo_policy_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, max_length, **_):
     """The clipped surrogate summed over tokens and divided by a constant, B × max_length (Dr. GRPO):
     no response-length normalisation, so long wrong answers are not penalised less per token."""
@@ -318,7 +332,7 @@ def sequence_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: tor
     return torch.exp(log_ratio)
 
 
-@register_policy_loss("gspo")
+@register_policy_loss("gspo", per="sequences")
 def gspo_policy_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, **_):
     """GSPO (Zheng et al., 2025): the clipped surrogate on the length-normalised sequence ratio; returns the
     fraction of sequences clipped."""
@@ -329,7 +343,7 @@ def gspo_policy_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high
     return torch.maximum(unclipped, clipped).mean(), (clipped > unclipped).float().mean()
 
 
-@register_policy_loss("cispo")
+@register_policy_loss("cispo", per="tokens")
 def cispo_policy_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, **_):
     """CISPO (MiniMax, 2025): −sg(clip(ρ))·Â·log π per token. The importance weight is clipped and detached,
     so every token keeps a gradient through log π, however far its ratio has moved."""

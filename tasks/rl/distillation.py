@@ -81,7 +81,7 @@ def learn_distillation(
     clock["time/train"] += time.perf_counter() - passed
     metrics |= update
     if rollout.on_policy:
-        metrics |= policy_metrics(sampled, old, ref_logprobs, mask)
+        metrics |= policy_metrics(sampled, old, ref_logprobs, mask, [c.engine for c in rollout.completions])
     return metrics
 
 

@@ -43,7 +43,9 @@ def learn_preferences(
     return {
         "pairs": float(len(chosen)),
         **metrics,
-        **policy_metrics(sampled_logprobs(completions, mask), logprobs, ref_logprobs, mask),
+        **policy_metrics(
+            sampled_logprobs(completions, mask), logprobs, ref_logprobs, mask, [c.engine for c in completions]
+        ),
     }
 
 

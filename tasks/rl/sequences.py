@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from tasks.common.distributed import is_sharded
 from tasks.rl.core_algos import token_logprobs
 
 
@@ -68,8 +69,9 @@ def shared_prompt_logits(model: PreTrainedModel, batch: PackedBatch) -> torch.Te
     width = batch.prompt_width
     prompt_columns = torch.cat([batch.input_ids[:, :width], batch.attention_mask[:, :width]], -1)
     distinct, prompt_of_row = torch.unique(prompt_columns, dim=0, return_inverse=True)
-    # gradient checkpointing drops the KV cache from a training forward pass
-    if len(distinct) == len(prompt_of_row) or (model.training and model.is_gradient_checkpointing):
+    # Gradient checkpointing drops the KV cache from a training forward pass; the ranks of a sharded model gather
+    # its parameters at each pass, in lockstep, so they must run the same passes whatever their rows.
+    if len(distinct) == len(prompt_of_row) or (model.training and model.is_gradient_checkpointing) or is_sharded(model):
         return batch.response_logits(model(**batch.model_inputs()).logits)
     rows = torch.arange(len(prompt_of_row), device=prompt_of_row.device)
     first_row = torch.full((len(distinct),), len(rows), device=rows.device)

@@ -67,7 +67,7 @@ from tasks.rl.core_algos import (
 )
 from tasks.rl.rewards import REWARD_MODEL, RewardInputs, RewardScorer
 from tasks.rl.sequences import PackedBatch, pack
-from tasks.rl.workers import Worker, place, updates_per_rollout
+from tasks.rl.workers import Worker, placed, updates_per_rollout
 from tasks.rollout.engine import Completion, Sampling
 
 # Rewards beyond this are a bug in a reward function, not a signal: normalising them would overflow.
@@ -196,7 +196,7 @@ def score(
 ) -> Rollout:
     """Roll out ``group_size`` responses per example and score them with every reward function."""
     started = time.perf_counter()
-    completions = roles["actor"].call("generate", [e.prompt for e in examples]).result()
+    completions = roles["rollout"].call("generate", [e.prompt for e in examples]).result()
     generated = time.perf_counter()
     per_response = [examples[c.prompt_index] for c in completions]
     texts = [c.text for c in completions]
@@ -308,7 +308,9 @@ def learn(
         metrics |= critic_update.result()
     clock["time/train"] += time.perf_counter() - passed
 
-    metrics |= policy_metrics(engine_logprobs, current_logprobs if semi_online else old_logprobs, ref_logprobs, mask)
+    trainer_logprobs = current_logprobs if semi_online else old_logprobs
+    engines = [c.engine for c in rollout.completions]
+    metrics |= policy_metrics(engine_logprobs, trainer_logprobs, ref_logprobs, mask, engines)
     if ref_logprobs is not None:
         metrics["kl_coef"] = state.kl_coef
     if values is not None:
@@ -328,14 +330,22 @@ def sampled_logprobs(completions: list[Completion], mask: torch.Tensor) -> torch
 
 
 def policy_metrics(
-    engine_logprobs: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None, mask: torch.Tensor
+    engine_logprobs: torch.Tensor,
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor | None,
+    mask: torch.Tensor,
+    engines: list[int] | None = None,
 ) -> dict[str, float]:
     """Parity (the engine's log-probs against the trainer's, per token; semi-online this includes the policy's
-    drift since the engine's last sync), response length, and the KL to the reference per response."""
-    metrics = {
-        "logprob_parity": masked_mean((engine_logprobs - logprobs).abs(), mask).item(),
-        "response_length": mask.sum(-1).mean().item(),
-    }
+    drift since the engine's last sync), response length, and the KL to the reference per response. ``engines``:
+    the replica that sampled each row; with more than one, each replica's parity too (``logprob_parity_engine_i``)."""
+    gap = (engine_logprobs - logprobs).abs()
+    metrics = {"logprob_parity": masked_mean(gap, mask).item(), "response_length": mask.sum(-1).mean().item()}
+    replicas = torch.tensor(engines or [0] * len(mask))
+    if len(replicas.unique()) > 1:
+        for replica in replicas.unique().tolist():
+            rows = replicas == replica
+            metrics[f"logprob_parity_engine_{replica}"] = masked_mean(gap[rows], mask[rows]).item()
     if ref_logprobs is not None:
         metrics["kl"] = (kl_k1(logprobs, ref_logprobs) * mask).sum(-1).mean().item()
     return metrics
@@ -437,23 +447,17 @@ def train(
             f"{stage}: rewards.{REWARD_MODEL} needs a reward model (run `alignflow stage reward_model` first)"
         )
     scorer = RewardScorer(cfg.rewards, cfg.reward_timeout_seconds, cfg.reward_failure_warning)
-    roles = place(params, cfg, init_dir, reward_dirs, wanted, teacher_dir)
-
     config = {"stage": stage, "seed": params.seed, "device": params.device, **to_dict(cfg)}
     teacher = [teacher_dir] if teacher_dir is not None else []
     checkpointer = Checkpointer(stage, config, [init_dir, train_file, *reward_dirs, *teacher, *learner.inputs])
-    state = LoopState(kl_coef=cfg.kl_coef)
-    if (checkpoint := checkpointer.load()) is not None:
-        for role in ("actor", "critic"):
-            if role in roles:
-                roles[role].call("load_state", checkpoint[role]).result()
-        if checkpoint["reference"] is not None:
-            roles["reference"].call("load_weights", checkpoint["reference"]).result()
-        set_rng_state(checkpoint["rng"])
-        state = LoopState(**{**checkpoint["state"], "moments": RunningMoments(**checkpoint["state"]["moments"])})
-    reference_reset = checkpoint["reference"] if checkpoint is not None else None
-
-    with scorer, atomic_output(model_dir(stage)) as out, stage_live(stage) as live, stop_on_divergence(checkpointer):
+    with (
+        placed(params, cfg, init_dir, reward_dirs, wanted, teacher_dir, section) as roles,
+        scorer,
+        atomic_output(model_dir(stage)) as out,
+        stage_live(stage) as live,
+        stop_on_divergence(checkpointer),
+    ):
+        state, reference_reset = _resume(roles, checkpointer, cfg)
         for logged_step, metrics in state.history:
             log_step(live, logged_step, metrics)
         heldout = read_examples(DATA_DIR / "test.jsonl")[: cfg.heldout_prompts] if cfg.heldout_every else []
@@ -472,6 +476,8 @@ def train(
                 if rollout is not None:
                     metrics |= rollout_metrics(rollout) if rollout.on_policy else {"offline_batch": 1.0}
                     metrics |= learner.learn(roles, rollout, tokenizer, cfg, state, clock)
+                    if engines_apart(roles):  # a sync, when one is due, hands the actor's weights to the engines
+                        roles["rollout"].call("load_weights", roles["actor"].call("weights_for_engines").ref())
                 if heldout and ((step + 1) % cfg.heldout_every == 0 or step + 1 == cfg.steps):
                     metrics[HELDOUT] = heldout_gold_reward(roles, heldout, cfg, params.seed + step + 1)
             except NonFiniteError as error:  # raised by a role (maybe on a Ray actor) that does not know the step
@@ -511,6 +517,25 @@ def train(
     checkpointer.clear()
 
 
+def _resume(roles: dict[str, Worker], checkpointer: Checkpointer, cfg: RLConfig) -> tuple[LoopState, dict | None]:
+    """The loop's state, and the reference's weights when it has been reset: fresh, or from the checkpoint, whose
+    models, optimisers and random states are loaded into the roles."""
+    if (checkpoint := checkpointer.load()) is None:
+        return LoopState(kl_coef=cfg.kl_coef), None
+    for role in ("actor", "critic"):
+        if role in roles:
+            roles[role].call("load_state", checkpoint[role]).result()
+    if engines_apart(roles):
+        roles["rollout"].call("load_state", checkpoint["engines"]).result()
+        if cfg.sync_every == 1:  # the engines sample from the policy as it is
+            roles["rollout"].call("load_weights", roles["actor"].call("weights").ref()).result()
+    if checkpoint["reference"] is not None:
+        roles["reference"].call("load_weights", checkpoint["reference"]).result()
+    set_rng_state(checkpoint["rng"])
+    moments = RunningMoments(**checkpoint["state"]["moments"])
+    return LoopState(**{**checkpoint["state"], "moments": moments}), checkpoint["reference"]
+
+
 def _latest(history: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
     """The last value of every metric (an iteration whose rollout taught nothing logs only sampling stats)."""
     latest: dict[str, float] = {}
@@ -519,9 +544,15 @@ def _latest(history: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
     return latest
 
 
+def engines_apart(roles: dict[str, Worker]) -> bool:
+    """Whether the rollout engines run apart from the actor (and take its weights after its updates)."""
+    return roles["rollout"] is not roles["actor"]
+
+
 def _checkpoint(roles: dict[str, Worker], state: LoopState, reference: dict | None) -> dict[str, Any]:
     return {
         **{role: roles[role].call("state").result() for role in ("actor", "critic") if role in roles},
+        "engines": roles["rollout"].call("state").result() if engines_apart(roles) else None,
         "reference": reference,
         "rng": rng_state(),
         "state": asdict(state),

@@ -30,6 +30,7 @@ class Completion:
     text: str  # decoded without special tokens
     logprobs: list[float]  # the engine's log-prob of each generated token (temperature applied)
     truncated: bool = False  # stopped at max_new_tokens without end-of-sequence
+    engine: int = 0  # the rollout engine replica that sampled it
 
 
 class RolloutEngine(Protocol):
