@@ -12,8 +12,10 @@ pipeline: $(INSTALLED)
 	alignflow repro sft
 	alignflow report
 
+# Two test processes, a test file each at a time: most slow tests wait on processes, servers and clocks as much as
+# on the cores, so two of them share this 2-core machine well.
 test: $(INSTALLED) lint
-	$(BIN)/python -m pytest -ra --durations=10
+	$(BIN)/python -m pytest -ra --durations=10 -n 2 --dist loadfile
 
 # Everything but the tests marked slow (end-to-end pipelines, Prefect servers): the quick loop while editing.
 test-fast: $(INSTALLED) lint
