@@ -34,6 +34,15 @@ MALFORMED_CONFIGS = [
         "sft.batch_size: 64 sequences do not split evenly over sft.parallel.num_workers=3",
     ),
     (["sft.parallel.strategy=zero3"], "sft.parallel.strategy: must be one of ddp, fsdp"),
+    (
+        ["grpo.parallel.num_workers=3"],
+        "grpo.minibatch_size: 128 responses do not split evenly over grpo.parallel.num_workers=3",
+    ),
+    (
+        ["reward_model.parallel.num_workers=3"],
+        "reward_model.batch_size: 32 pairs do not split evenly over reward_model.parallel.num_workers=3",
+    ),
+    (["ppo.rollout_engines=0"], "ppo.rollout_engines: must be >= 1"),
     (["sft_cold.parallel.num_workers=0"], "sft_cold.parallel.num_workers: must be >= 1"),
     (["retrain.metric=accuracy"], "retrain.metric: must be one of pass@1, pass@k"),
     (["retrain.metric=response_length"], "retrain.metric: must be one of"),

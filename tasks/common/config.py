@@ -574,7 +574,7 @@ def _distill_defaults() -> DistillConfig:
             "kl_coef": 0.0,
             "rewards": {"accuracy": 1.0},
             "dynamic_sampling": False,
-            "roles": {role: StageResources(num_cpus=0.5) for role in ("actor", "reference", "teacher")},
+            "roles": {role: StageResources(num_cpus=0.5) for role in ("actor", "reference", "teacher", "rollout")},
         }
     )
 

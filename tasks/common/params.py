@@ -304,7 +304,7 @@ def _cross_field_errors(params: Params) -> Iterator[str]:
     base, evaluation = params.base, params.eval
     for name in SFT_SECTIONS:
         sft = getattr(params, name)
-        if sft.batch_size % sft.parallel.num_workers:
+        if sft.parallel.num_workers >= 1 and sft.batch_size % sft.parallel.num_workers:
             yield (
                 f"{name}.batch_size: {sft.batch_size} sequences do not split evenly over "
                 f"{name}.parallel.num_workers={sft.parallel.num_workers} workers"
@@ -318,7 +318,7 @@ def _cross_field_errors(params: Params) -> Iterator[str]:
     for name, batch_size in {"reward_model": params.reward_model.batch_size, **rl_batches}.items():
         workers = getattr(params, name).parallel.num_workers
         key = "batch_size" if name == "reward_model" else "minibatch_size"
-        if batch_size % workers:
+        if workers >= 1 and batch_size % workers:  # fewer is reported by its own range check
             yield (
                 f"{name}.{key}: {batch_size} {'pairs' if name == 'reward_model' else 'responses'} do not split "
                 f"evenly over {name}.parallel.num_workers={workers} workers"
