@@ -1,4 +1,6 @@
+import hashlib
 import os
+import random
 import re
 import shutil
 import signal
@@ -245,3 +247,10 @@ def uninterrupted(tmp_path_factory) -> dict:
         "lock": lock_entries(path),
         "weights": (path / "artifacts/sft/model.safetensors").read_bytes(),
     }
+
+
+def run_seed() -> int:
+    """A seed that changes from one test run to the next but is the same in every test process of a run: the
+    processes of ``pytest -n`` each collect the tests, and must agree on their parameters."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    return int(hashlib.sha256(run.encode()).hexdigest(), 16) % 2**16 if run else random.randrange(2**16)

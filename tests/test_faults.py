@@ -20,7 +20,7 @@ import tasks.rl.trainer
 import tasks.rl.workers
 import tasks.stages.sft
 from flows.cli import main
-from tests.conftest import ENV, REPO, TINY, make_project, repro
+from tests.conftest import ENV, REPO, TINY, make_project, repro, run_seed
 
 SFT_STEPS, SFT_SAVE_EVERY = 40, 10
 GRPO_STEPS, GRPO_SAVE_EVERY = 6, 2
@@ -83,7 +83,7 @@ def test_a_reward_of_1e308_stops_grpo_before_the_advantage(project, capsys):
     assert not Path("artifacts/grpo_zero").exists()
 
 
-@pytest.mark.parametrize("seed", [random.randrange(2**16)])
+@pytest.mark.parametrize("seed", [run_seed()])
 def test_nan_at_a_random_sft_step_keeps_the_last_checkpoint_and_a_rerun_with_a_lower_lr_resumes(
     project, capsys, monkeypatch, seed
 ):
@@ -113,7 +113,7 @@ def test_nan_at_a_random_sft_step_keeps_the_last_checkpoint_and_a_rerun_with_a_l
     assert json.loads(Path("metrics/sft/metrics.json").read_text())["step"] == SFT_STEPS
 
 
-@pytest.mark.parametrize("seed", [random.randrange(2**16)])
+@pytest.mark.parametrize("seed", [run_seed()])
 @pytest.mark.parametrize("poison", ["reward", "loss"])
 def test_nan_at_a_random_grpo_step_keeps_the_last_checkpoint_and_a_rerun_with_a_lower_lr_resumes(
     project, capsys, monkeypatch, poison, seed
