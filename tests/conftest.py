@@ -18,6 +18,25 @@ from flows.catalog import PIPELINES
 REPO = Path(__file__).resolve().parents[1]
 
 
+# The longest test files, longest first: under `pytest -n 2` a file runs whole on one process, and the file that
+# starts last sets when the run ends.
+LONGEST_FIRST = (
+    "test_retrain.py",
+    "test_r1_pipeline.py",
+    "test_rlhf_pipeline.py",
+    "test_flows.py",
+    "test_distill_pipeline.py",
+    "test_serve.py",
+    "test_offline_to_online.py",
+    "test_data_parallel.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    order = {name: position for position, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: order.get(item.path.name, len(order)))  # stable: the rest keep their order
+
+
 @pytest.fixture
 def project(tmp_path, monkeypatch) -> Path:
     """An empty working directory holding the repo's params.yaml and an empty data/, as a stage sees it."""
