@@ -12,6 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from flows.catalog import PIPELINES
+from models import num_parameters
 from tests.conftest import ENV, kill_at_first_checkpoint, lock_entries, make_project, repro, stages_run
 
 pytestmark = pytest.mark.slow
@@ -34,6 +35,24 @@ def test_pipeline_runs_every_stage_and_reports_in_order(uninterrupted):
     assert report["sft"]["train/loss"] == losses[-1]
     for name in ("model.safetensors", "config.json", "tokenizer.json"):
         assert (uninterrupted["path"] / "artifacts/sft" / name).is_file()
+
+
+def test_sft_reports_its_throughput_and_mfu_beside_the_lock_not_in_it(uninterrupted):
+    project = uninterrupted["path"]
+    perf = json.loads((project / "metrics/sft/perf.json").read_text())
+    assert perf["parameters"] == num_parameters(project / "artifacts/sft")
+    # MFU: 6 x parameters x real tokens per second over the machine's measured fp32 matmul peak
+    expected = 6 * perf["parameters"] * perf["tokens_per_second"] / (perf["matmul_peak_gflops"] * 1e9)
+    assert 0 < perf["mfu"] < 1.5 and perf["mfu"] == pytest.approx(expected, rel=2e-3)
+    shown = json.loads(
+        subprocess.run(
+            ["dvc", "metrics", "show", "--json"], cwd=project, env=ENV, capture_output=True, text=True, check=True
+        ).stdout
+    )
+    assert any("metrics/sft/perf.json" in run.get("data", {}) for run in shown.values())
+    assert "perf.json" not in (project / "dvc.lock").read_text()  # wall-clock: a rerun's lock stays the same
+    untracked = subprocess.run(["git", "status", "--porcelain"], cwd=project, capture_output=True, text=True).stdout
+    assert "perf.json" not in untracked
 
 
 def test_same_params_and_seed_give_identical_lock_hashes(uninterrupted, tmp_path):

@@ -57,8 +57,11 @@ def test_r1_pipeline_runs_every_stage_and_reports_pass_rates_after_each_in_order
         "train/kl",
         "time/generate",
         "time/step",
+        "perf/update_mfu",
     ):
         assert name in grpo, name
+    perf = json.loads((r1["path"] / "metrics/grpo/perf.json").read_text())
+    assert 0 < perf["update_mfu"] < 1.5 and perf["update_tokens_per_second"] > 0
     # Verified samples over all samples; the distinct ones kept (at most max_per_prompt a prompt) are among them.
     rejection, cfg = report["rejection@1"], load_params(r1["path"] / "params.yaml").rejection
     verified = rejection["acceptance_rate"] * cfg.num_prompts * cfg.samples_per_prompt

@@ -1,7 +1,9 @@
 """Stage metrics through dvclive, written atomically so ``dvc metrics/plots/exp show`` read whole runs only."""
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from dvclive import Live
 
@@ -32,3 +34,13 @@ def log_step(live: Live, step: int, metrics: dict[str, float], prefix: str = "tr
     live.step = step
     for name, value in metrics.items():
         live.log_metric(f"{prefix}{name}", value)
+
+
+def write_perf(live: Live, numbers: dict[str, float]) -> None:
+    """A stage's wall-clock numbers (throughput, MFU) as ``metrics/<stage>/perf.json``: not a stage output, as they
+    change run to run and dvc.lock hashes outputs; dvc.yaml lists them as metrics, so `dvc metrics show` shows them."""
+    rounded = {name: value if isinstance(value, int) else float(f"{value:.4g}") for name, value in numbers.items()}
+    (Path(live.dir) / PERF_FILE).write_text(json.dumps(rounded, indent=2) + "\n")
+
+
+PERF_FILE = "perf.json"

@@ -7,6 +7,7 @@ import json
 import os
 import random
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ from tasks.common.artifacts import CHECKPOINTS, atomic_output
 from tasks.common.config import OptimizationConfig
 from tasks.common.distributed import SINGLE, Rank, load_training_state, training_state
 from tasks.common.errors import NonFiniteError, cause
-from tasks.common.tracking import log_step
+from tasks.common.flops import matmul_peak, mfu
+from tasks.common.tracking import log_step, write_perf
 
 DIVERGED = "diverged.json"  # beside a checkpoint: the run stopped on a non-finite quantity after saving it
 
@@ -76,6 +78,25 @@ def guarded_step(
         raise NonFiniteError(f"{where}: the gradient norm is {grad_norm.item()}")
     optimizer.step()
     return grad_norm
+
+
+class Throughput:
+    """Real tokens trained and the seconds they took, for a stage's tokens per second and MFU."""
+
+    def __init__(self) -> None:
+        self.tokens, self.seconds = 0, 0.0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.tokens += tokens
+        self.seconds += seconds
+
+    def numbers(self, parameters: int, threads: int, workers: int) -> dict[str, float]:
+        return {
+            "parameters": parameters,
+            "tokens_per_second": self.tokens / self.seconds,
+            "mfu": mfu(parameters, self.tokens, self.seconds, threads, workers),
+            "matmul_peak_gflops": matmul_peak(threads) * workers / 1e9,
+        }
 
 
 def epoch_batch(num_items: int, batch_size: int, step: int, seed: int) -> list[int]:
@@ -232,6 +253,7 @@ def fit(
     checkpointer: Checkpointer,
     live: Live | None,
     rank: Rank = SINGLE,
+    tokens_of: Callable[[int], int] | None = None,
 ) -> list[tuple[int, dict[str, float]]]:
     """``cfg.max_steps`` AdamW steps on ``step_metrics(step)["loss"]`` with warm-up and cosine decay: the loop every
     fixed-length training stage (SFT, DPO) runs. It resumes from ``checkpointer`` bit-for-bit (weights, optimiser,
@@ -242,9 +264,13 @@ def fit(
     Data-parallel (``rank`` of a group): ``model`` is the unwrapped model (its state dict is the one-worker run's,
     so a checkpoint resumes with any number of workers) and ``step_metrics`` runs the wrapped one on this rank's
     slice; the metrics logged are means over the ranks, and only rank 0 (``live`` None elsewhere) logs and saves.
+
+    ``tokens_of(step)``: the real (unpadded) tokens of step's global batch; with it, rank 0 writes the run's
+    throughput and MFU (``write_perf``; the first step, a warm-up, left out).
     """
     optimizer, scheduler = adamw_with_cosine(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, cfg.max_steps)
     start_step, history, interval = 0, [], {"sums": {}, "steps": 0}
+    parameters, throughput = sum(p.numel() for p in model.parameters()), Throughput()
     if (checkpoint := checkpointer.load()) is not None:
         restore_training_state(model, optimizer, scheduler, checkpoint)
         set_rng_state(checkpoint["rng"])
@@ -257,6 +283,7 @@ def fit(
     # Rank 0 alone writes checkpoints, so it alone marks one for recovery.
     with stop_on_divergence(checkpointer) if rank.is_main else contextlib.nullcontext():
         for step in progress:
+            started = time.perf_counter()
             metrics = step_metrics(step)
             # Over the ranks: what is logged, and whether to stop (all together, or the others would wait forever
             # in the next all-reduce).
@@ -265,6 +292,8 @@ def fit(
                 raise NonFiniteError(f"{stage} step {step + 1}: the loss is {reported['loss'].item()}")
             grad_norm = guarded_step(model, optimizer, metrics["loss"], cfg.grad_clip, f"{stage} step {step + 1}")
             scheduler.step()
+            if tokens_of is not None and step > start_step:
+                throughput.add(tokens_of(step), time.perf_counter() - started)
             for name, value in reported.items():
                 interval["sums"][name] = interval["sums"].get(name, 0.0) + value.item()
             interval["steps"] += 1
@@ -293,4 +322,6 @@ def fit(
                         }
                     )
         require_finite(model.state_dict(), f"{stage} after step {cfg.max_steps}, before saving the model")
+    if rank.is_main and throughput.seconds:
+        write_perf(live, throughput.numbers(parameters, torch.get_num_threads(), rank.world_size))
     return history

@@ -40,13 +40,15 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from models import context_length, load_tokenizer
+from models import context_length, load_tokenizer, num_parameters
 from tasks.common.artifacts import DATA_DIR, atomic_output, model_dir
 from tasks.common.config import Params, RLConfig, stage_kinds, to_dict
 from tasks.common.errors import NonFiniteError, cause
-from tasks.common.tracking import log_step, stage_live
+from tasks.common.flops import mfu
+from tasks.common.tracking import log_step, stage_live, write_perf
 from tasks.common.training import (
     Checkpointer,
+    Throughput,
     epoch_batch,
     make_deterministic,
     rng_state,
@@ -127,6 +129,16 @@ class Rollout:
         prompt_ids = dict(zip(distinct, tokenizer(distinct)["input_ids"], strict=True))
         responses = [self.completions[row].token_ids for row in rows]
         return pack([prompt_ids[prompt] for prompt in prompts], responses, tokenizer.pad_token_id)
+
+    def tokens(self, tokenizer) -> int:
+        """Real tokens of every row: its prompt's and its response's (what a training pass over it computes)."""
+        distinct = list(dict.fromkeys(example.prompt for example in self.examples))
+        prompt_length = {
+            prompt: len(ids) for prompt, ids in zip(distinct, tokenizer(distinct)["input_ids"], strict=True)
+        }
+        return sum(
+            prompt_length[e.prompt] + len(c.token_ids) for e, c in zip(self.examples, self.completions, strict=True)
+        )
 
     def groups(self, keep: torch.Tensor, group_size: int) -> "Rollout":
         rows = torch.arange(len(self.scores)).view(-1, group_size)[keep].flatten().tolist()
@@ -465,6 +477,9 @@ def train(
             state.history.append((0, {HELDOUT: heldout_gold_reward(roles, heldout, cfg, params.seed)}))
             log_step(live, 0, state.history[-1][1])
         progress = tqdm(range(state.step, cfg.steps), desc=stage, initial=state.step, total=cfg.steps)
+        parameters, updates = num_parameters(init_dir), Throughput()
+        workers = cfg.parallel.num_workers
+        threads = cfg.parallel.threads_per_worker if workers > 1 else torch.get_num_threads()
         raised: set[str] = set()
         for step in progress:
             started = time.perf_counter()
@@ -497,6 +512,12 @@ def train(
             # the phases and the bookkeeping around them; alarms and checkpoints come after
             clock["time/step"] = time.perf_counter() - started
             log_step(live, state.step, {name: round(seconds, 4) for name, seconds in clock.items()}, prefix="")
+            if rollout is not None and clock["time/train"] > 0:
+                # the update's model FLOPs utilisation: its passes over the rollout's real tokens, epochs times
+                trained = rollout.tokens(tokenizer) * cfg.epochs
+                updates.add(trained, clock["time/train"])
+                latest = mfu(parameters, trained, clock["time/train"], threads, workers)
+                log_step(live, state.step, {"perf/update_mfu": round(latest, 4)}, prefix="")
             progress.set_postfix(reward=logged.get("reward"), gold=logged.get("gold_reward"))
             if rollout is not None:
                 for alarm in alarms(state.history, cfg):
@@ -513,6 +534,10 @@ def train(
         if heldout:
             live.summary["dip"], live.summary["recovery_iterations"] = dip_and_recovery(state.history)
         live.make_summary()
+        if updates.seconds:
+            numbers = updates.numbers(parameters, threads, workers)
+            renamed = {"tokens_per_second": "update_tokens_per_second", "mfu": "update_mfu"}
+            write_perf(live, {renamed.get(name, name): value for name, value in numbers.items()})
         roles["actor"].call("save", out, init_dir).result()
     checkpointer.clear()
 

@@ -49,6 +49,12 @@ class SFTBatches:
             raise DatasetError(f"{source}: {len(self.sequences)} examples, fewer than sft.batch_size={cfg.batch_size}")
         self.batch_size, self.seed, self.pad_id = cfg.batch_size, seed, tokenizer.pad_token_id
 
+    def tokens(self, step: int) -> int:
+        """The real (unpadded) tokens of batch ``step``."""
+        return sum(
+            len(self.sequences[i][0]) for i in epoch_batch(len(self.sequences), self.batch_size, step, self.seed)
+        )
+
     def __getitem__(self, step: int) -> dict[str, torch.Tensor]:
         chosen = [self.sequences[i] for i in epoch_batch(len(self.sequences), self.batch_size, step, self.seed)]
         width = max(len(ids) for ids, _ in chosen)
@@ -100,7 +106,7 @@ def _train_rank(
         return {"loss": sft_loss(logits, rows["input_ids"], rows["loss_mask"], num_tokens)}
 
     with stage_live(stage) if rank.is_main else contextlib.nullcontext() as live:
-        fit(stage, model, cfg, step_metrics, checkpointer, live, rank)
+        fit(stage, model, cfg, step_metrics, checkpointer, live, rank, tokens_of=batches.tokens)
         state = full_state_dict(model, rank)
         if rank.is_main:
             live.make_summary()
