@@ -11,7 +11,7 @@ from nothing. The infrastructure a deployment has running already, a Prefect ser
 cluster (`ray start --head`, configured as alignflow configures a local Ray), is started first
 and not timed; it idles through every leg.
 
-The target (Prefect + Ray + DVC add under 10%) is judged on the `prefect` leg: production runs
+The target (Prefect + Ray + DVC add at most 5%) is judged on the `prefect` leg: production runs
 start on a Prefect server and a Ray cluster that are already up, as `alignflow serve` keeps them.
 A one-shot `alignflow run` also pays Ray's start-up and shutdown (about 3.5 s here, a fixed
 cost whatever the pipeline's length); `prefect+ray` reports it separately.
@@ -63,7 +63,7 @@ PIPELINE = "sft"
 FIELDS = ("wall", "stage_wall", "cpu_during_stages")
 POLL_SECONDS = 0.05
 # The target: what Prefect + Ray + DVC add to a run on running infrastructure, as production runs it.
-TARGET_OVERHEAD = 0.10
+TARGET_OVERHEAD = 0.05
 
 
 @dataclass
@@ -237,7 +237,7 @@ def main(rounds: int, overrides: list[str]) -> None:
     stages = statistics.median(d.stage_wall for d in direct)
     overheads = {name: _overhead(legs[name], direct, stages) for name in ("prefect", "prefect+ray")}
     end_to_end, as_spent = overheads["prefect"]
-    verdict = "meets" if max(end_to_end, as_spent) < TARGET_OVERHEAD else "misses"
+    verdict = "meets" if max(end_to_end, as_spent) <= TARGET_OVERHEAD else "misses"
     print(
         f"\norchestration overhead of the Prefect flow on Ray, with DVC recording the lock, over the direct run:\n"
         f"  end to end (median of the per-round ratios) {end_to_end:+.1%}, as spent {as_spent:+.1%}: "

@@ -14,9 +14,9 @@ runs triggered together never interleave writes to params.yaml, outputs or dvc.l
 
 import functools
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from dvc.utils.hydra import apply_overrides
 from filelock import FileLock
@@ -46,6 +46,7 @@ from tasks.common.config import Params, RunnerConfig
 from tasks.common.params import load_params
 
 RUN_LOCK = Path(".alignflow") / "run.lock"
+T = TypeVar("T")
 
 
 def run_lock(project: Path) -> FileLock:
@@ -176,7 +177,34 @@ def _project() -> tuple[Params, Path]:
     return params, here if (here / "dvc.yaml").is_file() else Path(__file__).resolve().parents[1]
 
 
+class PerPipeline(Mapping[str, T]):
+    """Something of every pipeline, built on first use: `alignflow run` needs one pipeline's form and flow (all six
+    take a second and a half to build, a sixth of what Prefect adds to a run), `alignflow serve` every one."""
+
+    def __init__(self, build: Callable[[str], T]):
+        self._build, self._built = build, {}
+
+    def __getitem__(self, name: str) -> T:
+        if name not in PIPELINES:
+            raise KeyError(name)
+        if name not in self._built:
+            self._built[name] = self._build(name)
+        return self._built[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(PIPELINES)
+
+    def __len__(self) -> int:
+        return len(PIPELINES)
+
+
 _PARAMS, _PROJECT = _project()
-FORMS: dict[str, type[BaseModel]] = {name: form_model(name, _PARAMS, _PROJECT) for name in PIPELINES}
-FLOWS: dict[str, Flow] = {name: pipeline_flow(name, FORMS[name]) for name in PIPELINES}
-globals().update(FLOWS)
+FORMS: PerPipeline[type[BaseModel]] = PerPipeline(lambda name: form_model(name, _PARAMS, _PROJECT))
+FLOWS: PerPipeline[Flow] = PerPipeline(lambda name: pipeline_flow(name, FORMS[name]))
+
+
+def __getattr__(attribute: str) -> Flow:
+    """``flows.pipelines.<pipeline>``: the module path a deployment loads its flow by."""
+    if attribute in PIPELINES:
+        return FLOWS[attribute]
+    raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")

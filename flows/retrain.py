@@ -29,7 +29,7 @@ from flows.catalog import PIPELINES
 from flows.dag import open_repo
 from flows.gate import decide, score, score_at
 from flows.lineage import shards_at
-from flows.pipelines import FORMS, form_flow, run_lock, run_pipeline
+from flows.pipelines import FORMS, PerPipeline, form_flow, run_lock, run_pipeline
 from flows.registry import Decision, artifact_name, assign_prod, check_artifact_path, prod_version, register
 from flows.remote import push
 from flows.runner import read_dag
@@ -140,5 +140,12 @@ def retrain_flow(name: str, form: type[BaseModel]) -> Flow:
     return form_flow(__name__, f"retrain_{name}", flow_name, description, form, partial(_retrain_report, name))
 
 
-RETRAIN_FLOWS: dict[str, Flow] = {name: retrain_flow(name, FORMS[name]) for name in PIPELINES}
-globals().update({retrain.fn.__name__: retrain for retrain in RETRAIN_FLOWS.values()})
+RETRAIN_FLOWS: PerPipeline[Flow] = PerPipeline(lambda name: retrain_flow(name, FORMS[name]))
+
+
+def __getattr__(attribute: str) -> Flow:
+    """``flows.retrain.retrain_<pipeline>``: the module path a deployment loads its flow by."""
+    pipeline = attribute.removeprefix("retrain_")
+    if attribute.startswith("retrain_") and pipeline in PIPELINES:
+        return RETRAIN_FLOWS[pipeline]
+    raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")

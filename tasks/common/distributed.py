@@ -7,7 +7,9 @@ checkpoint store or its result reporting. Each worker:
 
 - sets its own thread count (Ray sets one OMP thread per worker; the stage's bits depend on the count);
 - rendezvous over TCP at rank 0's node address (gloo on CPU, NCCL on GPU), so nothing binds by hostname;
-- runs the same function with its rank; rank 0's return value is the stage's.
+- runs the same function with its rank (``run_data_parallel``: rank 0's return value is the stage's), or holds
+  one rank of a role that lives as long as the stage and answers calls (``RoleGroup``: an RL stage's actor or
+  critic, every call run on every rank).
 
 A placement the cluster cannot satisfy is an error naming the key within ``PLACEMENT_SECONDS``, not a hang; a
 worker that dies fails the stage naming the worker and its node (the last checkpoint stays where it was).
