@@ -141,7 +141,12 @@ def test_a_run_from_the_ui_form_trains_with_the_value_changed_there(prefect_env,
                 for key, title, value in fields:
                     assert title != key or _shows(_shown(page, key), value), (key, _shown(page, key), value)
 
-                _field(page, "sft.max_steps").locator("input").fill("60")
+                steps = _field(page, "sft.max_steps").locator("input")
+                steps.fill("60")
+                # Leave the field (its change event updates the form's state) before submitting: a click on Submit
+                # right after typing can, on a busy machine, submit the value from before the edit.
+                steps.press("Tab")
+                sync_api.expect(steps).to_have_value("60")
                 page.get_by_role("button", name="Submit").click()
                 page.wait_for_url(f"**/deployments/deployment/{deployment['id']}?**")  # back to the deployment
             finally:
