@@ -24,11 +24,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from matmul_peak import matmul_peak
 from scratch import cold_start_project
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from models import load_policy, load_tokenizer
+from tasks.common.flops import matmul_peak
 from tasks.common.params import load_params
 from tasks.common.training import adamw_with_cosine, make_deterministic
 from tasks.data.datasets import read_examples
