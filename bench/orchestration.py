@@ -60,7 +60,7 @@ ENV = {
     "RAY_AUTH_MODE": "token",
 }
 PIPELINE = "sft"
-FIELDS = ("wall", "stage_wall", "cpu_during_stages")
+FIELDS = ("wall", "stage_wall", "cpu_during_stages", "before_first", "after_last")
 POLL_SECONDS = 0.05
 # The target: what Prefect + Ray + DVC add to a run on running infrastructure, as production runs it.
 TARGET_OVERHEAD = 0.05
@@ -71,6 +71,8 @@ class Leg:
     wall: float = 0.0
     stage_wall: float = 0.0  # the sum of the stage processes' lifetimes
     cpu_during_stages: float = 0.0  # CPU seconds the leg's other processes use while a stage runs
+    before_first: float = 0.0  # from the leg's start to its first stage process's
+    after_last: float = 0.0  # from its last stage process's exit to the leg's end
 
     @property
     def outside_stages(self) -> float:
@@ -93,6 +95,8 @@ class _Watcher(threading.Thread):
     def __init__(self, roots: list[psutil.Process], leg: Leg):
         super().__init__(daemon=True)
         self.roots, self.leg, self.done = roots, leg, threading.Event()
+        self.first_start: float | None = None  # when the first stage process started
+        self.last_exit: float | None = None  # when the latest stage process exited (as seen by a poll)
         self.alive: dict[int, float] = {}  # stage pid -> when it started
         self.cpu: dict[int, float] = {}  # other pid -> its latest CPU seconds
         self.counted = 0.0
@@ -104,6 +108,7 @@ class _Watcher(threading.Thread):
         self.poll()
         for start in self.alive.values():  # whatever still runs ends with the leg
             self.leg.stage_wall += time.time() - start
+            self.last_exit = time.time()
 
     def poll(self) -> None:
         stage_was_running, seen, now = bool(self.alive), set(), time.time()
@@ -116,6 +121,8 @@ class _Watcher(threading.Thread):
                     self.alive[process.pid] = process.create_time()
                 except psutil.Error:
                     self.alive[process.pid] = now
+                if self.first_start is None:
+                    self.first_start = self.alive[process.pid]
                 continue
             try:
                 times = process.cpu_times()
@@ -124,6 +131,7 @@ class _Watcher(threading.Thread):
                 pass
         for pid in [pid for pid in self.alive if pid not in seen]:
             self.leg.stage_wall += now - self.alive.pop(pid)
+            self.last_exit = now
         total = sum(self.cpu.values())
         if stage_was_running:
             self.leg.cpu_during_stages += total - self.counted
@@ -147,12 +155,13 @@ def _descendants(roots: list[psutil.Process]) -> list[psutil.Process]:
 def watched(commands: list[list[str]], cwd: Path, env: dict, infrastructure: list[psutil.Process]) -> Leg:
     """Run ``commands`` one after another, watching each one's process tree and the infrastructure's (the Prefect
     server, the Ray cluster): a stage may run in either, and both may take CPU from it."""
-    leg = Leg()
-    start = time.perf_counter()
+    leg, watchers = Leg(), []
+    start, started = time.perf_counter(), time.time()
     for command in commands:
         with tempfile.TemporaryFile("w+") as output:
             process = subprocess.Popen(command, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT)
             watcher = _Watcher([psutil.Process(process.pid), *infrastructure], leg)
+            watchers.append(watcher)
             watcher.start()
             if process.wait() != 0:
                 output.seek(0)
@@ -160,6 +169,8 @@ def watched(commands: list[list[str]], cwd: Path, env: dict, infrastructure: lis
             watcher.done.set()
             watcher.join()
     leg.wall = time.perf_counter() - start
+    leg.before_first = min(w.first_start for w in watchers if w.first_start is not None) - started
+    leg.after_last = started + leg.wall - max(w.last_exit for w in watchers if w.last_exit is not None)
     return leg
 
 
@@ -262,7 +273,8 @@ def _overhead(runs: list[Leg], direct: list[Leg], stages: float) -> tuple[float,
 
 def _describe(leg: Leg) -> str:
     return (
-        f"{leg.wall:6.1f} s: stages {leg.stage_wall:6.1f} s, outside them {leg.outside_stages:5.1f} s, "
+        f"{leg.wall:6.1f} s: stages {leg.stage_wall:6.1f} s, outside them {leg.outside_stages:5.1f} s "
+        f"({leg.before_first:.1f} before the first, {leg.after_last:.1f} after the last), "
         f"other processes' CPU while stages run {leg.cpu_during_stages:4.1f} s"
     )
 
