@@ -104,13 +104,16 @@ def assign_prod(project: Path, artifact: str, version: str, why: str) -> None:
     """Put ``version`` in prod and take the version there out of it, so exactly one is: GTO's own lookup prefers
     the highest version in a stage, DVC's the latest assignment, and after a rollback those would differ."""
     current = prod_version(project, artifact)
-    _next_second(project, artifact)
-    # force: a version back in prod (a rollback) is a new assignment tag, #prod#K+1, not an error
-    gto.api.assign(str(project), artifact, PROD, version=version, message=why, force=True, **_AUTHOR)
     if current is not None and current[0] != version:
+        _next_second(project, artifact)
         gto.api.unassign(
             str(project), artifact, version=current[0], stage=PROD, message=f"replaced by {version}", **_AUTHOR
         )
+    # The assignment comes last, in a second of its own: DVC's lookup takes the stage's latest tag whatever its
+    # action, so an unassignment tagged a second after it would name the version just taken out.
+    _next_second(project, artifact)
+    # force: a version back in prod (a rollback) is a new assignment tag, #prod#K+1, not an error
+    gto.api.assign(str(project), artifact, PROD, version=version, message=why, force=True, **_AUTHOR)
 
 
 def _next_second(project: Path, artifact: str) -> None:

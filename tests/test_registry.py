@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import dvc.api
@@ -103,6 +104,23 @@ def test_versions_promotions_and_rollbacks_leave_one_version_in_prod(repo):
     ]
     assert "rollback from v2.0.0 by ops by hand" in [e["message"] for e in gto.api.history(str(repo), "sft")]
     assert "gate: rejected: reason 2" in render(rows)
+
+
+def test_prod_is_the_promoted_version_when_a_registry_write_straddles_a_second(repo, monkeypatch):
+    """On a busy machine the unassignment of the version leaving prod can land a second after the promotion's own
+    tag; DVC's lookup (the stage's latest tag, whatever its action) must still name the promoted version."""
+    for n in (1, 2):
+        register(repo, "sft", _commit(repo, n), Decision(True, f"reason {n}", {}))
+    assign_prod(repo, "sft", "v1.0.0", "gate: reason 1")
+    unassign = gto.api.unassign
+
+    def slow_unassign(*args, **kwargs):
+        time.sleep(1.1)
+        return unassign(*args, **kwargs)
+
+    monkeypatch.setattr(gto.api, "unassign", slow_unassign)
+    assign_prod(repo, "sft", "v2.0.0", "gate: reason 2")
+    assert _in_prod(repo) == ("v2.0.0", _commit(repo, 2))
 
 
 def test_rollback_needs_an_earlier_prod_version(repo):
