@@ -28,7 +28,7 @@ from scratch import cold_start_project
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from models import load_policy, load_tokenizer
-from tasks.common.flops import matmul_peak
+from tasks.common.flops import matmul_peak, mfu
 from tasks.common.params import load_params
 from tasks.common.training import adamw_with_cosine, make_deterministic
 from tasks.data.datasets import read_examples
@@ -89,7 +89,7 @@ def profiled(fn: Callable[[], None], repeat: int) -> tuple[float, profile]:
     return wall, prof
 
 
-def sft_step_profile(project: Path, params, steps: int, warmup: int, peak: float) -> None:
+def sft_step_profile(project: Path, params, steps: int, warmup: int) -> None:
     cfg = params.sft
     make_deterministic(params.seed)
     tokenizer = load_tokenizer(project / "artifacts/base")
@@ -128,23 +128,20 @@ def sft_step_profile(project: Path, params, steps: int, warmup: int, peak: float
     table(
         f"SFT step (batch {cfg.batch_size}, mean of {steps})",
         wall / steps,
-        op_groups_per(prof, steps),
+        per(op_groups(prof), steps),
         per(phases, steps),
     )
-    mfu = 6 * parameters * tokens_per_second / peak
+    threads = torch.get_num_threads()
     print(
         f"\nSFT: {parameters:,} parameters, {position['tokens'] / steps:.0f} real tokens per step, "
         f"{tokens_per_second:,.0f} tokens/s, {6 * parameters * tokens_per_second / 1e9:.1f} GFLOP/s of "
-        f"{peak / 1e9:.1f} peak: MFU {mfu:.2f} ({torch.get_num_threads()} threads)"
+        f"{matmul_peak(threads) / 1e9:.1f} peak: MFU {mfu(parameters, position['tokens'], wall, threads):.2f} "
+        f"({threads} threads)"
     )
 
 
 def per(values: dict[str, float], count: int) -> dict[str, float]:
     return {name: value / count for name, value in values.items()}
-
-
-def op_groups_per(prof: profile, count: int) -> dict[str, float]:
-    return per(op_groups(prof), count)
 
 
 def grpo_iteration_profile(project: Path, params, warmup: int) -> None:
@@ -186,11 +183,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     args = parser.parse_args()
-    peak = matmul_peak(torch.get_num_threads())
     with tempfile.TemporaryDirectory() as scratch:
         project = cold_start_project(Path(scratch) / "project")
         params = load_params(project / "params.yaml")
-        sft_step_profile(project, params, args.steps, args.warmup, peak)
+        sft_step_profile(project, params, args.steps, args.warmup)
         grpo_iteration_profile(project, params, args.warmup)
 
 

@@ -9,6 +9,7 @@ per second over the machine's measured fp32 matmul peak (``tasks/common/flops.py
 """
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -58,12 +59,12 @@ def main() -> None:
     for _ in range(args.rounds):
         for name in results:
             results[name].append(leg(batches, params, tokenizer, name == "compiled", args.steps, args.warmup))
+    rates = {}
     for name, runs in results.items():
-        rate = sorted(r for r, _ in runs)[len(runs) // 2]
-        utilisation = sorted(u for _, u in runs)[len(runs) // 2]
-        print(f"{name:<9} {rate:6.2f} steps/s  MFU {utilisation:.3f}  ({torch.get_num_threads()} threads)")
-    eager, compiled = (sorted(r for r, _ in results[name])[args.rounds // 2] for name in ("eager", "compiled"))
-    print(f"torch.compile: {compiled / eager:.2f}x eager")
+        rates[name] = statistics.median(rate for rate, _ in runs)
+        utilisation = statistics.median(mfu for _, mfu in runs)
+        print(f"{name:<9} {rates[name]:6.2f} steps/s  MFU {utilisation:.3f}  ({torch.get_num_threads()} threads)")
+    print(f"torch.compile: {rates['compiled'] / rates['eager']:.2f}x eager")
 
 
 if __name__ == "__main__":

@@ -124,21 +124,21 @@ class Rollout:
         """The responses of ``rows`` (all by default) packed after their prompts, each distinct prompt tokenised
         once (a group's responses share theirs)."""
         rows = range(len(self.completions)) if rows is None else rows
-        prompts = [self.examples[row].prompt for row in rows]
-        distinct = list(dict.fromkeys(prompts))
-        prompt_ids = dict(zip(distinct, tokenizer(distinct)["input_ids"], strict=True))
+        prompt_ids = self._prompt_ids(tokenizer)
         responses = [self.completions[row].token_ids for row in rows]
-        return pack([prompt_ids[prompt] for prompt in prompts], responses, tokenizer.pad_token_id)
+        return pack([prompt_ids[self.examples[row].prompt] for row in rows], responses, tokenizer.pad_token_id)
 
     def tokens(self, tokenizer) -> int:
         """Real tokens of every row: its prompt's and its response's (what a training pass over it computes)."""
-        distinct = list(dict.fromkeys(example.prompt for example in self.examples))
-        prompt_length = {
-            prompt: len(ids) for prompt, ids in zip(distinct, tokenizer(distinct)["input_ids"], strict=True)
-        }
+        prompt_ids = self._prompt_ids(tokenizer)
         return sum(
-            prompt_length[e.prompt] + len(c.token_ids) for e, c in zip(self.examples, self.completions, strict=True)
+            len(prompt_ids[e.prompt]) + len(c.token_ids) for e, c in zip(self.examples, self.completions, strict=True)
         )
+
+    def _prompt_ids(self, tokenizer) -> dict[str, list[int]]:
+        """Each distinct prompt's token ids (a group's responses share theirs)."""
+        distinct = list(dict.fromkeys(example.prompt for example in self.examples))
+        return dict(zip(distinct, tokenizer(distinct)["input_ids"], strict=True))
 
     def groups(self, keep: torch.Tensor, group_size: int) -> "Rollout":
         rows = torch.arange(len(self.scores)).view(-1, group_size)[keep].flatten().tolist()

@@ -49,14 +49,18 @@ class SFTBatches:
             raise DatasetError(f"{source}: {len(self.sequences)} examples, fewer than sft.batch_size={cfg.batch_size}")
         self.batch_size, self.seed, self.pad_id = cfg.batch_size, seed, tokenizer.pad_token_id
 
+    # A step's batch and its token count (throughput) draw the epoch order once; the batches live as long as the stage.
+    @functools.lru_cache(maxsize=2)  # noqa: B019
+    def rows(self, step: int) -> list[int]:
+        """The sequences of batch ``step``."""
+        return epoch_batch(len(self.sequences), self.batch_size, step, self.seed)
+
     def tokens(self, step: int) -> int:
         """The real (unpadded) tokens of batch ``step``."""
-        return sum(
-            len(self.sequences[i][0]) for i in epoch_batch(len(self.sequences), self.batch_size, step, self.seed)
-        )
+        return sum(len(self.sequences[i][0]) for i in self.rows(step))
 
     def __getitem__(self, step: int) -> dict[str, torch.Tensor]:
-        chosen = [self.sequences[i] for i in epoch_batch(len(self.sequences), self.batch_size, step, self.seed)]
+        chosen = [self.sequences[i] for i in self.rows(step)]
         width = max(len(ids) for ids, _ in chosen)
         input_ids = torch.full((len(chosen), width), self.pad_id, dtype=torch.long)
         loss_mask = torch.zeros((len(chosen), width))
