@@ -171,7 +171,7 @@ def report(curves: dict[str, list[Point]], problems: int, available: int, params
     print(
         f"\nheld-out greedy pass@1 on {problems} problems (of artifacts/data/test.jsonl's {available}), "
         f"from {cfg.init}; "
-        f"sft: batch {params.sft_distill.batch_size}, lr {params.sft_distill.lr}; on_policy: {cfg.loss}, "
+        f"sft: batch {params.sft_distill.batch_size}, lr {params.sft_distill.lr}; on_policy: {cfg.distill_loss}, "
         f"{cfg.rollout_batch_size} prompts x {cfg.group_size}, actor_lr {cfg.actor_lr}, teacher {cfg.teacher}"
     )
     print(f"{'method':<10} {'step':>6} {'tokens':>11} {'pass@1':>7}")

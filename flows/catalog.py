@@ -73,7 +73,7 @@ PIPELINES: dict[str, Pipeline] = {
     ),
     "offline_to_online": Pipeline(
         "Offline-to-online: data -> base -> cold-start SFT (the policy with headroom) -> preference pairs sampled "
-        "from it and judged -> the reference's log-probs of every pair, once -> offline DPO (dpo.loss) -> online "
+        "from it and judged -> the reference's log-probs of every pair, once -> offline DPO (dpo.preference_loss) -> online "
         "DPO from that checkpoint (online_dpo.update: preference, or policy_gradient for GRPO/PPO), with the dip "
         "across the switch and held-out evaluation of every model.",
         ("eval@base", "eval@sft_cold", "eval@dpo", "eval@online_dpo"),
@@ -83,7 +83,7 @@ PIPELINES: dict[str, Pipeline] = {
         "Distillation: data -> base -> the teacher (distill.teacher: R1's grpo by default, its stages reused) -> "
         "the teacher's verified samples (teacher_data) -> a student a third of its size (student_base) fine-tuned "
         "on them (sft_distill) -> on-policy distillation, the teacher grading every token the student samples "
-        "(distill.loss: reverse_kl or gkd), with held-out evaluation and the parameter count of every model.",
+        "(distill.distill_loss: reverse_kl or gkd), with held-out evaluation and the parameter count of every model.",
         ("eval@${distill.teacher}", "eval@student_base", "eval@sft_distill", "eval@distill"),
         "distill",
     ),

@@ -70,7 +70,7 @@ def test_gkd_with_teacher_batches_runs_as_a_stage_and_leaves_the_teacher_alone(d
     assert "grpo" not in dvc(path, "status", "grpo")  # the pipeline's distillation left the teacher as grpo wrote it
     before = _digest(path / "artifacts/grpo/model.safetensors")
     result = subprocess.run(
-        ["alignflow", "stage", "distill", "distill.loss=gkd", "distill.lmbda=0.5", "distill.beta=0.3"],
+        ["alignflow", "stage", "distill", "distill.distill_loss=gkd", "distill.lmbda=0.5", "distill.jsd_beta=0.3"],
         cwd=path,
         env=ENV,
         capture_output=True,

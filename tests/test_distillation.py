@@ -70,8 +70,8 @@ def test_on_policy_distillation_moves_the_student_toward_a_frozen_teacher(
     steps = 15
     cfg = replace(
         _distill_defaults(),
-        loss=loss,
-        beta=beta,
+        distill_loss=loss,
+        jsd_beta=beta,
         steps=steps,
         rollout_batch_size=8,
         group_size=4,
@@ -121,7 +121,7 @@ def test_gkd_lambda_leaves_an_even_share_of_iterations_to_the_teachers_responses
     tokenizer = load_tokenizer(student_dir)
     sums = [(a, b) for a in range(5) for b in range(5)]
     examples = [Example("arithmetic", f"{a}+{b}=", str(a + b), f"<answer>{a + b}</answer>") for a, b in sums]
-    cfg = replace(_distill_defaults(), loss="gkd", lmbda=lmbda, rollout_batch_size=3, group_size=2)
+    cfg = replace(_distill_defaults(), distill_loss="gkd", lmbda=lmbda, rollout_batch_size=3, group_size=2)
     draw = teacher_batches(examples, tokenizer, cfg, SEED)
     drawn = {i: draw(i) for i in range(8)}
     assert [i for i, rollout in drawn.items() if rollout is not None] == teacher_iterations

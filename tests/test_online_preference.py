@@ -36,7 +36,7 @@ def test_the_online_stage_runs_exactly_the_learners_its_params_may_name():
 def test_reference_free_losses_start_no_reference_role():
     cfg = _online_dpo_defaults()
     assert preference_roles(cfg) == {"reference"}
-    assert preference_roles(replace(cfg, loss="simpo")) == set()
+    assert preference_roles(replace(cfg, preference_loss="simpo")) == set()
     assert preference_roles(replace(cfg, rewards={"reward_model": 1.0})) == {"reference", "reward"}
 
 

@@ -148,7 +148,7 @@ def test_a_changed_field_is_the_one_override_and_load_params_accepts_it(forms):
         ("sft", {"ppo": {"steps": 4}}),  # a valid param, but no stage of sft reads it
         ("r1", {"grpo": {"rewards": {"format": float("inf")}}}),
         ("offline_to_online", {"dpo": {"label_smoothing": 0.5}}),
-        ("offline_to_online", {"dpo": {"loss": "kto"}}),
+        ("offline_to_online", {"dpo": {"preference_loss": "kto"}}),
         ("offline_to_online", {"online_dpo": {"sync_every": 0}}),
     ],
 )

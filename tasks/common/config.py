@@ -277,6 +277,7 @@ class RewardModelConfig:
         "The model the reward model is fine-tuned from (a model trained before it): it need not be the policy's, "
         "as InstructGPT's one 6B reward model served policies of several sizes.",
     )
+    save_every: int = param(50, "Write a resumable checkpoint every N steps.", ge=1)
     log_every: int = param(20, "Log training metrics every N steps.", ge=1)
     parallel: ParallelConfig = section(ParallelConfig, "Data-parallel workers of each member's training.")
 
@@ -295,7 +296,7 @@ class BestOfNConfig:
 class PreferenceLossConfig:
     """A preference loss and its knobs (``tasks/rl/preference_losses.py``): the dpo stage's and online_dpo's."""
 
-    loss: str = param(
+    preference_loss: str = param(
         "dpo",
         "Preference loss registered in tasks/rl/preference_losses.py: dpo, cdpo, ipo, hinge (SLiC), simpo and "
         "orpo (the last two without a reference).",
@@ -341,6 +342,7 @@ class DPOConfig(OptimizationConfig, PreferenceLossConfig):
         "these noisy labels it is most of what offline DPO gains.",
         ge=0,
     )
+    parallel: ParallelConfig = section(ParallelConfig, "Data-parallel workers: how many, how sharded, where.")
 
 
 def _default_roles() -> dict[str, StageResources]:
@@ -496,7 +498,7 @@ LEARNERS = ("preference", "policy_gradient")
 class OnlineDPOConfig(RLConfig, PreferenceLossConfig):
     """Online (and semi-online) preference optimisation, the RL loop with a preference update: each iteration
     samples ``group_size`` responses per prompt, scores them with ``rewards``, pairs each group's best with its
-    worst (a group of ties makes no pair; dynamic sampling refills) and takes ``loss`` against the fixed
+    worst (a group of ties makes no pair; dynamic sampling refills) and takes ``preference_loss`` against the fixed
     reference, the policy it starts from (iterative DPO's anchor), with log-probs at the rollout ``temperature``
     (1, as offline, by default). ``update: policy_gradient`` runs the GRPO/PPO update of these same params from
     the same start instead."""
@@ -504,7 +506,7 @@ class OnlineDPOConfig(RLConfig, PreferenceLossConfig):
     init: str = param("dpo", "The policy to start from, and the reference: the offline DPO checkpoint.")
     update: str = param(
         "preference",
-        "What an iteration's scored responses train: preference (online DPO, with `loss`) or policy_gradient "
+        "What an iteration's scored responses train: preference (online DPO, with `preference_loss`) or policy_gradient "
         "(GRPO/PPO by `advantage` and `policy_loss`).",
         choices=LEARNERS,
     )
@@ -520,7 +522,7 @@ def _online_dpo_defaults() -> OnlineDPOConfig:
 @dataclass
 class DistillConfig(RLConfig):
     """On-policy distillation (Agarwal et al., 2024, GKD; Thinking Machines, 2025): the RL loop with the student as
-    the actor and the teacher a frozen role that grades every token the student samples. ``loss`` picks the
+    the actor and the teacher a frozen role that grades every token the student samples. ``distill_loss`` picks the
     divergence (``tasks/rl/distill_losses.py``); ``reward_coef`` mixes in the verifier's ``rewards`` through the
     ``advantage`` estimator; ``lmbda`` < 1 trains a fraction of iterations on the teacher's own responses."""
 
@@ -530,13 +532,13 @@ class DistillConfig(RLConfig):
         "default; its tokenizer must be the student's.",
     )
     init: str = param("sft_distill", "The student to start from: the student fine-tuned on the teacher's data.")
-    loss: str = param(
+    distill_loss: str = param(
         "reverse_kl",
         "Distillation loss registered in tasks/rl/distill_losses.py: reverse_kl (the teacher's per-token log-ratio "
         "on the student's samples as a dense advantage) or gkd (generalised JSD over the full vocabulary).",
         registered="DISTILL_LOSSES",
     )
-    beta: float = param(
+    jsd_beta: float = param(
         0.5,
         "gkd's beta: 0 is forward KL(teacher || student), 1 reverse KL(student || teacher), between them the "
         "generalised Jensen-Shannon divergence (scaled to meet both ends continuously).",

@@ -256,10 +256,10 @@ def _distill_errors(params: Params, longest: int) -> Iterator[str]:
     from tasks.rl import core_algos, distill_losses  # torch: imported only when params are checked
 
     cfg = params.distill
-    loss = distill_losses.DISTILL_LOSSES.get(cfg.loss)  # an unknown name is reported by its field
+    loss = distill_losses.DISTILL_LOSSES.get(cfg.distill_loss)  # an unknown name is reported by its field
     if cfg.lmbda < 1 and loss is not None and not loss.full_vocabulary:
         yield (
-            f"distill.lmbda: below 1 trains on the teacher's responses, which a sampled-token loss ({cfg.loss}) "
+            f"distill.lmbda: below 1 trains on the teacher's responses, which a sampled-token loss ({cfg.distill_loss}) "
             f"cannot grade (its estimate needs the student's own samples); use loss gkd, or lmbda 1, got {cfg.lmbda}"
         )
     estimator = core_algos.ADVANTAGE_ESTIMATORS.get(cfg.advantage)

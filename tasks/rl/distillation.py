@@ -47,7 +47,7 @@ def learn_distillation(
     started = time.perf_counter()
     batch = rollout.packed(tokenizer)
     mask = batch.response_mask
-    loss = DISTILL_LOSSES[cfg.loss]
+    loss = DISTILL_LOSSES[cfg.distill_loss]
     teacher_call = roles["teacher"].call("logits" if loss.full_vocabulary else "logprobs", batch)
     reference_call = roles["reference"].call("logprobs", batch) if "reference" in roles else None
     sampled = sampled_logprobs(rollout.completions, mask) if rollout.on_policy else None

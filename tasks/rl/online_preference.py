@@ -16,7 +16,7 @@ from tasks.rl.workers import Worker
 
 
 def preference_roles(cfg: OnlineDPOConfig) -> set[str]:
-    return ({"reference"} if PREFERENCE_LOSSES[cfg.loss].needs_reference else set()) | reward_roles(cfg)
+    return ({"reference"} if PREFERENCE_LOSSES[cfg.preference_loss].needs_reference else set()) | reward_roles(cfg)
 
 
 def learn_preferences(

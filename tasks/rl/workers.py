@@ -223,7 +223,7 @@ class ActorWorker(_TrainedRole):
         teacher_logits: torch.Tensor | None = None,
     ) -> tuple[dict[str, float], torch.Tensor]:
         """``epochs`` passes of minibatch steps on the policy loss (minus the entropy bonus, plus the KL loss
-        when one is asked for, plus the distillation divergence ``cfg.loss`` to ``teacher_logits`` (B, T, V)
+        when one is asked for, plus the distillation divergence ``cfg.distill_loss`` to ``teacher_logits`` (B, T, V)
         when they are given), then an engine sync. Returns the metrics and π_old's log-probs (B, T).
 
         ``old_logprobs`` None means a single update: π_old is then the policy about to take it, whose
@@ -268,7 +268,7 @@ class ActorWorker(_TrainedRole):
             if teacher_logits is not None:
                 teacher = teacher_logits[rows].to(device)
                 student = logits[..., : teacher.shape[-1]]
-                divergence = masked_mean(DISTILL_LOSSES[cfg.loss](student, teacher, mask, beta=cfg.beta), mask)
+                divergence = masked_mean(DISTILL_LOSSES[cfg.distill_loss](student, teacher, mask, beta=cfg.jsd_beta), mask)
                 loss = loss + per_token * divergence
                 totals["divergence"] += divergence.item() * per_token / len(minibatches)
             grad_norm = self._step(loss, cfg, "the actor's update")
@@ -294,7 +294,7 @@ class ActorWorker(_TrainedRole):
     def preference_update(
         self, batch: PackedBatch, ref_logprobs: torch.Tensor | None
     ) -> tuple[dict[str, float], torch.Tensor]:
-        """``epochs`` passes of minibatch steps on the preference loss ``cfg.loss`` over the P pairs of ``batch``
+        """``epochs`` passes of minibatch steps on the preference loss ``cfg.preference_loss`` over the P pairs of ``batch``
         (rows 0..P-1 chosen, P..2P-1 rejected; ``minibatch_size`` responses, half as many pairs, per step).
         Returns the metrics and each row's log-probs before the first step on it (B, T)."""
         cfg, device = self.cfg, self.model.device
@@ -319,7 +319,7 @@ class ActorWorker(_TrainedRole):
                 reference = sequence_logprobs(ref_logprobs[rows].to(device), part.response_mask)[0].chunk(2)
             pairs = PairLogprobs(*sums.chunk(2), *lengths.chunk(2), *reference)
             losses, chosen, rejected = preference_loss(
-                cfg.loss, pairs, cfg.beta, cfg.label_smoothing, cfg.simpo_gamma, cfg.sft_weight
+                cfg.preference_loss, pairs, cfg.beta, cfg.label_smoothing, cfg.simpo_gamma, cfg.sft_weight
             )
             with torch.no_grad():
                 entropy = masked_mean(entropy_from_logits(logits), part.response_mask)

@@ -2,7 +2,7 @@
 
 The RL trainer's loop (``tasks/rl/trainer.py``) with the student as the actor, the teacher a frozen role
 (colocated, or on its own Ray actor with ``distill.roles.teacher``'s resources) and the distillation update of
-``tasks/rl/distillation.py``; the loss is ``distill.loss`` (``tasks/rl/distill_losses.py``).
+``tasks/rl/distillation.py``; the loss is ``distill.distill_loss`` (``tasks/rl/distill_losses.py``).
 """
 
 from models import load_tokenizer, vocabulary_mismatch

@@ -2,7 +2,7 @@
 
 ``dpo_reference`` computes the reference's summed log-probs of every chosen and rejected response of
 ``artifacts/preferences`` once, from ``dpo.init`` alone, into a versioned artifact; ``dpo`` then optimises
-the loss ``dpo.loss`` (``tasks/rl/preference_losses.py``) from that same model, reading the reference's
+the loss ``dpo.preference_loss`` (``tasks/rl/preference_losses.py``) from that same model, reading the reference's
 numbers instead of running the reference, so a change of beta or of the loss re-runs only the optimisation.
 The loop is ``tasks/common/training.py:fit`` (resumable, guarded against non-finite steps).
 
@@ -91,7 +91,7 @@ class PairScorer:
         pad_id: int,
     ):
         self.cfg, self.pairs, self.pad_id, self.reference = cfg, pairs, pad_id, reference
-        self.needs_reference = PREFERENCE_LOSSES[cfg.loss].needs_reference
+        self.needs_reference = PREFERENCE_LOSSES[cfg.preference_loss].needs_reference
 
     def _reference(self, rows: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
         if not self.needs_reference:
@@ -108,7 +108,7 @@ class PairScorer:
         batch = pack_pairs([self.pairs[i] for i in rows], self.pad_id)
         scored = pair_logprobs(model, batch, self._reference(rows, model.device))
         losses, chosen, rejected = preference_loss(
-            cfg.loss, scored, cfg.beta, cfg.label_smoothing, cfg.simpo_gamma, cfg.sft_weight
+            cfg.preference_loss, scored, cfg.beta, cfg.label_smoothing, cfg.simpo_gamma, cfg.sft_weight
         )
         return losses, chosen, rejected, scored.chosen.detach(), scored.rejected.detach()
 
