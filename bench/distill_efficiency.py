@@ -43,7 +43,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from scratch import REPO, stage
+from harness import REPO, stage
 from tqdm.auto import tqdm
 
 from models import load_policy, load_tokenizer, resolve_device

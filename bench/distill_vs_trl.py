@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 import torch
-from scratch import REPO, cold_start_project, stage, trl_python
+from harness import REPO, cold_start_project, stage, trl_python
 
 SETTINGS = {"max_new_tokens": 64, "temperature": 1.0, "beta": 0.5, "lmbda": 1.0, "lr": 1e-4}
 TEACHER, STUDENT = "artifacts/grpo", "artifacts/sft_distill"

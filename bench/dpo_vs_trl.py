@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import torch
-from scratch import REPO, cold_start_project, stage, trl_python
+from harness import REPO, cold_start_project, stage, trl_python
 
 SETTINGS = {"batch_size": 64, "lr": 1e-4, "warmup_steps": 20, "weight_decay": 0.01, "beta": 0.1}
 MODES = {"precomputed reference": True, "reference run per step": False}

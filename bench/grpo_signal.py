@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from scratch import cold_start_project
+from harness import cold_start_project
 from tqdm.auto import tqdm
 
 from models import load_tokenizer

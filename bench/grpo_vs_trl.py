@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from scratch import REPO, cold_start_project, stage, trl_python
+from harness import REPO, cold_start_project, stage, trl_python
 
 HELD_OUT = 1000
 SETTINGS = {  # grpo's defaults in params.yaml, where TRL has the setting

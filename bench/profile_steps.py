@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from scratch import cold_start_project
+from harness import cold_start_project
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from models import load_policy, load_tokenizer

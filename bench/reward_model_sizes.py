@@ -5,7 +5,7 @@ model is trained from it (stage ``reward_model``) on preference pairs sampled fr
 judge, with the default label noise and without; held-out ``accuracy`` is against the judge's noise-free order.
 Everything runs through the real stages in a scratch clone, with the default params but for the size.
 
-    python bench/reward_model_sizes.py                       # the README's curve
+    python bench/reward_model_sizes.py                       # the table in docs/rlhf.md
     python bench/reward_model_sizes.py --sizes 64x2 96x3     # some of it
 """
 
@@ -16,9 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import cold_start_project, stage
 from safetensors.torch import load_file
-
-from bench.scratch import cold_start_project, stage
 
 # name: (hidden_size, num_layers, num_heads, intermediate_size); 96x3 is the policy's own size
 SIZES = {"64x2": (64, 2, 4, 256), "96x3": (96, 3, 4, 384), "192x6": (192, 6, 6, 768), "256x8": (256, 8, 8, 1024)}

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from scratch import cold_start_project
+from harness import cold_start_project
 from transformers import GenerationConfig
 
 from models import load_policy, load_tokenizer

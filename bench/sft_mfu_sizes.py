@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from scratch import REPO, stage
+from harness import REPO, stage
 
 HEAD_DIM = 24  # the default model's (96 / 4 heads)
 

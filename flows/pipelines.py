@@ -1,7 +1,8 @@
 """Prefect flows, one per pipeline of the catalog, each running its part of dvc.yaml on Ray.
 
 A flow's one parameter is its pipeline's run form (``flows/overrides.py``), built
-when this module is imported, from the working directory's params.yaml. A flow
+when the pipeline's form or flow is first used (not when this module is imported),
+from the working directory's params.yaml, read once on that first use. A flow
 run: the form's values that differ from params.yaml become overrides -> validate
 them with the CLI's rules -> write them into params.yaml (as ``dvc exp run -S``
 does, so dvc.lock records the values used) ->
@@ -168,10 +169,12 @@ def pipeline_flow(name: str, form: type[BaseModel]) -> Flow:
     return form_flow(__name__, name, name, PIPELINES[name].description, form, functools.partial(run_pipeline, name))
 
 
+@functools.cache
 def _project() -> tuple[Params, Path]:
     """The params the forms default to, and the project whose dvc.yaml says which each pipeline reads: the working
     directory's (`alignflow run` and `serve`, and a served run, start in the project), else the dataclass defaults
-    and this source tree's dvc.yaml."""
+    and this source tree's dvc.yaml. Read once, when the first form is built (never on import), so that every form
+    defaults to the same params.yaml."""
     here = Path.cwd()
     params = load_params(here / "params.yaml") if (here / "params.yaml").is_file() else Params()
     return params, here if (here / "dvc.yaml").is_file() else Path(__file__).resolve().parents[1]
@@ -198,8 +201,7 @@ class PerPipeline(Mapping[str, T]):
         return len(PIPELINES)
 
 
-_PARAMS, _PROJECT = _project()
-FORMS: PerPipeline[type[BaseModel]] = PerPipeline(lambda name: form_model(name, _PARAMS, _PROJECT))
+FORMS: PerPipeline[type[BaseModel]] = PerPipeline(lambda name: form_model(name, *_project()))
 FLOWS: PerPipeline[Flow] = PerPipeline(lambda name: pipeline_flow(name, FORMS[name]))
 
 

@@ -1,4 +1,10 @@
-"""What the benches share: a scratch clone of this repo, its stages run by this environment's ``alignflow``."""
+"""The benches' shared harness: a scratch clone of this repo, its stages run by this environment's ``alignflow``,
+and the separate environment TRL runs in.
+
+Every bench runs as a script, ``.venv/bin/python bench/NAME.py``, so Python puts ``bench/`` first on ``sys.path``
+and a bench imports this module one way: ``from harness import ...`` (as the TRL-side scripts import
+``trl_timer``). ``alignflow``'s own packages (``flows``, ``tasks``, ``models``) come from its editable install.
+"""
 
 import os
 import subprocess
