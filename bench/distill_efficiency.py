@@ -56,8 +56,9 @@ from tasks.data.problems import Example
 from tasks.rl import trainer as rl
 from tasks.rl.core_algos import sft_loss
 from tasks.rl.distillation import distillation_learner
+from tasks.rl.learner import LoopState
+from tasks.rl.placement import place
 from tasks.rl.rewards import RewardScorer
-from tasks.rl.workers import place
 from tasks.rollout.hf_engine import HFEngine
 from tasks.stages.eval import greedy_responses
 from tasks.stages.sft import SFTBatches
@@ -130,7 +131,7 @@ def on_policy_leg(project: Path, params: Params, iterations: int, every: int, te
     # the stage's learner: with distill.lmbda < 1 some iterations train on the teacher's responses, as there
     learner = distillation_learner(cfg, project / TEACHER_DATA, tokenizer, params.seed)
     roles = place(params, cfg, init, [], learner.roles(cfg), teacher)
-    model, state = roles["actor"].handle.model, rl.LoopState(kl_coef=cfg.kl_coef)
+    model, state = roles["actor"].handle.model, LoopState(kl_coef=cfg.kl_coef)
     evaluate_at, tokens = checkpoints(iterations, every), 0
     curve = [(0, 0, heldout_pass_at_1(model, tokenizer, test, params))]
     with RewardScorer(cfg.rewards, cfg.reward_timeout_seconds, cfg.reward_failure_warning) as scorer:

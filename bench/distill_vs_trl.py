@@ -78,9 +78,10 @@ def alignflow_leg(project: Path, prompts: Path, steps: int, batch: int, out: Pat
     from tasks.common.training import make_deterministic
     from tasks.data.datasets import read_examples
     from tasks.rl.distillation import distill_roles, learn_distillation
+    from tasks.rl.learner import LoopState
+    from tasks.rl.placement import place
     from tasks.rl.rewards import RewardScorer
-    from tasks.rl.trainer import LoopState, collect
-    from tasks.rl.workers import place
+    from tasks.rl.trainer import collect
 
     s = SETTINGS
     overrides = {

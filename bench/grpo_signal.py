@@ -1,7 +1,8 @@
 """GRPO's learning signal against the noise of its updates, side by side from one cold start.
 
-Three legs run the RL trainer's own ``collect`` and ``learn`` (``tasks/rl/trainer.py``) with ``params.grpo``,
-from the same cold-start model, on the same prompts; only the advantages differ:
+Three legs run the RL trainer's own ``collect`` and ``learn`` (``tasks/rl/trainer.py``,
+``tasks/rl/policy_gradient.py``) with ``params.grpo``, from the same cold-start model, on the same prompts; only
+the advantages differ:
 
   grpo      the configured estimator's advantages, as the ``grpo`` stage computes them;
   noise     random ±1 per response, the same scale: what the updates' noise alone does to the model;
@@ -33,10 +34,12 @@ from tasks.common.training import make_deterministic
 from tasks.data.datasets import read_examples
 from tasks.data.problems import Example
 from tasks.rl import trainer as rl
-from tasks.rl.core_algos import ADVANTAGE_ESTIMATORS, register_advantage
+from tasks.rl.core_algos import ADVANTAGE_ESTIMATORS
+from tasks.rl.learner import LoopState, Rollout
+from tasks.rl.placement import Worker, place
+from tasks.rl.policy_gradient import learn, needed_roles
 from tasks.rl.rewards import RewardScorer
 from tasks.rl.sequences import finished_response_ids
-from tasks.rl.workers import Worker, place
 from tasks.rollout.engine import Completion
 from tasks.stages.eval import greedy_responses
 
@@ -45,21 +48,21 @@ def register_bench_estimators(configured: str) -> None:
     """The ``noise`` and ``positive`` legs' advantages, registered beside the real estimators for this process."""
     signs = torch.Generator().manual_seed(0)  # its own stream: the legs' sampling RNG stays in step
 
-    @register_advantage("noise")
+    @ADVANTAGE_ESTIMATORS.register("noise")
     def noise(token_rewards, mask, group_size, **_):
         return (torch.randint(0, 2, (len(mask),), generator=signs).float() * 2 - 1)[:, None] * mask, None
 
-    @register_advantage("positive")
+    @ADVANTAGE_ESTIMATORS.register("positive")
     def positive(token_rewards, mask, group_size, **kwargs):
         advantages, _ = ADVANTAGE_ESTIMATORS[configured](token_rewards, mask, group_size, **kwargs)
         return advantages.clamp(min=0), None
 
-    @register_advantage("supervised")
+    @ADVANTAGE_ESTIMATORS.register("supervised")
     def supervised(token_rewards, mask, group_size, **_):
         return mask.clone(), None
 
 
-def as_worked_solutions(rollout: rl.Rollout, tokenizer) -> rl.Rollout:
+def as_worked_solutions(rollout: Rollout, tokenizer) -> Rollout:
     """``rollout`` with every response replaced by its problem's worked solution (ending with end-of-sequence)."""
     completions = []
     for example, completion in zip(rollout.examples, rollout.completions, strict=True):
@@ -68,7 +71,7 @@ def as_worked_solutions(rollout: rl.Rollout, tokenizer) -> rl.Rollout:
     return replace(rollout, completions=completions)
 
 
-def unchanged(rollout: rl.Rollout, tokenizer) -> rl.Rollout:
+def unchanged(rollout: Rollout, tokenizer) -> Rollout:
     return rollout
 
 
@@ -93,15 +96,15 @@ def leg(project: Path, params: Params, name: str, iterations: int, every: int) -
     init = project / "artifacts/sft_cold"
     examples = read_examples(project / "artifacts/data/train.jsonl")
     test = read_examples(project / "artifacts/data/test.jsonl")
-    roles, tokenizer = place(params, cfg, init, [], rl.needed_roles(cfg)), load_tokenizer(init)
-    state = rl.LoopState(kl_coef=cfg.kl_coef)
+    roles, tokenizer = place(params, cfg, init, [], needed_roles(cfg)), load_tokenizer(init)
+    state = LoopState(kl_coef=cfg.kl_coef)
     curve = [greedy_pass_at_1(roles["actor"], test, cfg.max_new_tokens)]
     with RewardScorer(cfg.rewards, cfg.reward_timeout_seconds) as scorer:
         for iteration in tqdm(range(1, iterations + 1), desc=name):
             clock = dict.fromkeys(("time/generate", "time/score", "time/train"), 0.0)
             rollout, _ = rl.collect(roles, scorer, examples, cfg, state, params.seed, clock)
             if rollout is not None:
-                rl.learn(roles, train_on(rollout, tokenizer), tokenizer, cfg, state, clock)
+                learn(roles, train_on(rollout, tokenizer), tokenizer, cfg, state, clock)
             if iteration % every == 0:
                 curve.append(greedy_pass_at_1(roles["actor"], test, cfg.max_new_tokens))
     return curve

@@ -18,9 +18,11 @@ from tasks.common.config import ConfigError
 from tasks.common.params import load_params
 from tasks.common.training import make_deterministic
 from tasks.data.datasets import read_examples
+from tasks.rl.learner import LoopState
+from tasks.rl.placement import place
+from tasks.rl.policy_gradient import learn, needed_roles
 from tasks.rl.rewards import RewardScorer
-from tasks.rl.trainer import LoopState, collect, learn, needed_roles
-from tasks.rl.workers import place
+from tasks.rl.trainer import collect
 
 PHASES = ("time/generate", "time/score", "time/train")
 

@@ -34,8 +34,10 @@ from tasks.common.training import adamw_with_cosine, make_deterministic
 from tasks.data.datasets import read_examples
 from tasks.rl import trainer as rl
 from tasks.rl.core_algos import sft_loss
+from tasks.rl.learner import LoopState
+from tasks.rl.placement import placed
+from tasks.rl.policy_gradient import learn, needed_roles
 from tasks.rl.rewards import RewardScorer
-from tasks.rl.workers import placed
 from tasks.stages.sft import SFTBatches
 
 # op name pattern -> group; the first that matches wins
@@ -150,8 +152,8 @@ def grpo_iteration_profile(project: Path, params, warmup: int) -> None:
     examples = read_examples(project / "artifacts/data/train.jsonl")
     tokenizer = load_tokenizer(init)
     make_deterministic(params.seed)
-    state = rl.LoopState(kl_coef=cfg.kl_coef)
-    with placed(params, cfg, init, [], rl.needed_roles(cfg)) as roles, RewardScorer(cfg.rewards, 30.0) as scorer:
+    state = LoopState(kl_coef=cfg.kl_coef)
+    with placed(params, cfg, init, [], needed_roles(cfg)) as roles, RewardScorer(cfg.rewards, 30.0) as scorer:
         clock: dict[str, float] = {}
 
         def iteration() -> None:
@@ -159,7 +161,7 @@ def grpo_iteration_profile(project: Path, params, warmup: int) -> None:
             clock.update(dict.fromkeys(("time/generate", "time/score", "time/train"), 0.0))
             rollout, _ = rl.collect(roles, scorer, examples, cfg, state, params.seed, clock)
             if rollout is not None:
-                rl.learn(roles, rollout, tokenizer, cfg, state, clock)
+                learn(roles, rollout, tokenizer, cfg, state, clock)
 
         for _ in range(warmup):
             iteration()

@@ -4,8 +4,7 @@ import re
 from dataclasses import dataclass
 
 from tasks.common.config import Params
-from tasks.common.params import param_value
-from tasks.common.registry import model_kinds
+from tasks.common.registry import model_kinds, param_value
 
 
 def round_kinds() -> set[str]:
@@ -30,6 +29,7 @@ class Pipeline:
     targets: tuple[str, ...]
     # The model it delivers, which `alignflow retrain` gates and registers; a round's kind means the last round's.
     delivers: str
+    delivers_desc: str  # what that model is, for the registry (dvc.yaml's artifacts)
 
     def model(self, params: Params) -> str:
         """The delivered model's name: ``sft``, or ``grpo_final/1`` for the last of R1's rounds."""
@@ -50,6 +50,7 @@ PIPELINES: dict[str, Pipeline] = {
         "Supervised fine-tuning: data -> base -> sft, with held-out evaluation of base and sft.",
         ("eval@base", "eval@sft"),
         "sft",
+        "the sft pipeline's policy, fine-tuned on worked solutions",
     ),
     "rlhf": Pipeline(
         "RLHF (InstructGPT): data -> base -> sft -> preference pairs judged -> Bradley-Terry reward model "
@@ -57,6 +58,7 @@ PIPELINES: dict[str, Pipeline] = {
         "the exact verifier (ppo_verifier), with held-out evaluation of every model.",
         ("eval@base", "eval@sft", "eval@sft_cold", "best_of_n", "eval@ppo", "eval@ppo_verifier"),
         "ppo",
+        "the rlhf pipeline's PPO policy, rewarded by the learned reward model",
     ),
     "r1": Pipeline(
         "DeepSeek-R1: data -> base -> cold-start SFT -> GRPO with verifiable rewards -> per round (params "
@@ -64,20 +66,23 @@ PIPELINES: dict[str, Pipeline] = {
         "and the RLHF reward model), with held-out evaluation of every model.",
         ("eval@base", "eval@sft", "eval@sft_cold", "eval@grpo", "eval_sft_rs", "eval_grpo_final"),
         "grpo_final",
+        "the r1 pipeline's final RL policy",
     ),
     "r1_zero": Pipeline(
         "DeepSeek-R1-Zero: data -> base -> GRPO with verifiable rewards straight from the base model, with "
         "held-out evaluation of base and grpo_zero.",
         ("eval@base", "eval@grpo_zero"),
         "grpo_zero",
+        "the r1_zero pipeline's GRPO policy, trained straight from the base model",
     ),
     "offline_to_online": Pipeline(
         "Offline-to-online: data -> base -> cold-start SFT (the policy with headroom) -> preference pairs sampled "
-        "from it and judged -> the reference's log-probs of every pair, once -> offline DPO (dpo.preference_loss) -> online "
-        "DPO from that checkpoint (online_dpo.update: preference, or policy_gradient for GRPO/PPO), with the dip "
-        "across the switch and held-out evaluation of every model.",
+        "from it and judged -> the reference's log-probs of every pair, once -> offline DPO (dpo.preference_loss) "
+        "-> online DPO from that checkpoint (online_dpo.update: preference, or policy_gradient for GRPO/PPO), with "
+        "the dip across the switch and held-out evaluation of every model.",
         ("eval@base", "eval@sft_cold", "eval@dpo", "eval@online_dpo"),
         "online_dpo",
+        "the offline_to_online pipeline's online policy",
     ),
     "distill": Pipeline(
         "Distillation: data -> base -> the teacher (distill.teacher: R1's grpo by default, its stages reused) -> "
@@ -86,5 +91,6 @@ PIPELINES: dict[str, Pipeline] = {
         "(distill.distill_loss: reverse_kl or gkd), with held-out evaluation and the parameter count of every model.",
         ("eval@${distill.teacher}", "eval@student_base", "eval@sft_distill", "eval@distill"),
         "distill",
+        "the distill pipeline's student, distilled on-policy from the teacher",
     ),
 }

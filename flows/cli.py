@@ -7,15 +7,16 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from flows.catalog import PIPELINES
-from tasks.common.config import stage_kinds
 from tasks.common.registry import usage_name
+from tasks.stages.kinds import stage_kinds
 
 
 def _description() -> str:
     """The CLI's help, its pipelines and stages read from the catalog and the stage registry."""
-    stages = [(usage_name(kind), kind.description) for kind, _ in stage_kinds().values()]
+    stages = [(usage_name(kind), kind.description) for kind in stage_kinds().values()]
     width = max(len(name) for name, _ in stages) + 3
     return (
         "alignflow: declarative, reproducible LLM post-training pipelines.\n\n"
@@ -106,6 +107,14 @@ def _parser() -> argparse.ArgumentParser:
     lineage.add_argument("version", metavar="MODEL[@VERSION]", help="e.g. sft@v3; a bare model means its prod version")
     lineage.add_argument("--json", action="store_true", help="as JSON")
 
+    generate = commands.add_parser(
+        "generate",
+        help="write dvc.yaml and params.yaml from the stage kinds and the params schema",
+        description="Write dvc.yaml's stages from tasks/stages/kinds.py and params.yaml from the schema, keeping "
+        "params.yaml's values (a new key at its default). --check writes nothing and fails when either is stale.",
+    )
+    generate.add_argument("--check", action="store_true", help="exit 1 if a file would change, naming it")
+
     report = commands.add_parser("report", help="print every stage's latest metrics in pipeline order")
     report.add_argument("--json", action="store_true", help="one JSON object: stage -> flat metrics")
     return parser
@@ -117,6 +126,36 @@ def _quiet_libraries() -> None:
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
+
+
+def _bounds(info: Any) -> str:
+    """A field's constraints as a reader writes them: ``> 0``, ``<= 1``, ``one of a, b``."""
+    words = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+    parts = [f"{words[name]} {getattr(c, name)}" for c in info.metadata for name in words if hasattr(c, name)]
+    parts += [f"one of {', '.join(c.choices)}" for c in info.metadata if hasattr(c, "choices")]
+    return f" [{'; '.join(parts)}]" if parts else ""
+
+
+def _stage_help(name: str, params_file: str) -> None:
+    """``alignflow stage NAME --help``: what the stage does and reads, and every param it reads with its value,
+    bounds and help."""
+    from tasks.common.params import field_at, fields_with_keys, load_params
+    from tasks.common.registry import parse_stage_name
+
+    kind, _ = parse_stage_name(name)
+    params = load_params(params_file) if Path(params_file).is_file() else None
+    print(f"alignflow stage {usage_name(kind)}: {kind.description}\n")
+    print("reads: " + (", ".join(f"{key} ({read})" for key, read in kind.reads.items()) or "nothing upstream"))
+    print(f"writes: artifacts/{kind.name}/... ({kind.writes})\n\nparams (KEY=VALUE overrides):")
+    from tasks.common.config import Params
+
+    values = {key: value for key, _, value in fields_with_keys(params or Params())}
+    for listed in (key.format(section=kind.section) for key in kind.params):
+        for key, value in values.items():
+            if key == listed or key.startswith(f"{listed}."):
+                info = field_at(key)
+                help = info.description if info is not None else ""
+                print(f"  {key} = {json.dumps(value)}{_bounds(info) if info is not None else ''}\n      {help}")
 
 
 def _run_stage(args: argparse.Namespace) -> None:
@@ -233,7 +272,36 @@ def _report(args: argparse.Namespace) -> None:
     print(json.dumps(report, indent=2) if args.json else render(report))
 
 
+def _generate(args: argparse.Namespace) -> int:
+    from flows.generate import generated, stale
+
+    project = Path.cwd()
+    if args.check:
+        outdated = stale(project)
+        for path in outdated:
+            print(f"alignflow: {path.name} is stale: run `alignflow generate`", file=sys.stderr)
+        return 1 if outdated else 0
+    for path, text in generated(project).items():
+        temporary = path.with_name(f".{path.name}.tmp")
+        temporary.write_text(text)
+        temporary.replace(path)
+        print(f"wrote {path.name}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["stage"] and len(argv) > 1 and not argv[1].startswith("-") and {"-h", "--help"} & set(argv):
+        argv = [arg for arg in argv if arg not in ("-h", "--help")]
+        params_file = argv[argv.index("--params") + 1] if "--params" in argv else "params.yaml"
+        from tasks.common.config import ConfigError
+
+        try:
+            _stage_help(argv[1], params_file)
+        except ConfigError as error:
+            print(f"alignflow: error: {error}", file=sys.stderr)
+            return 2
+        return 0
     args = _parser().parse_args(argv)
     from tasks.common.config import ConfigError
     from tasks.common.errors import NonFiniteError
@@ -251,6 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rollback": _rollback,
             "lineage": _lineage,
             "report": _report,
+            "generate": _generate,
         }
         return commands[args.command](args) or 0
     except NonFiniteError as error:

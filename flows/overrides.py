@@ -2,9 +2,9 @@
 
 Prefect builds a deployment's parameter form (and validates runs created through its API) from the
 flow's signature. A pipeline's flow takes one argument whose model holds exactly the params that the
-pipeline's dvc.yaml stages list under ``params:``, each a field of a plain type with the param's help,
-range or choices and, as its default, the value params.yaml holds; each section is a group titled with
-its key and its help in ``tasks/common/config.py``. The form sends every value; only those that differ
+pipeline's dvc.yaml stages list under ``params:``, each the schema's own field (type, help,
+bounds, choices) with, as its default, the value params.yaml holds; each section is a group titled with
+its key and its help in ``tasks/common/config``. The form sends every value; only those that differ
 from params.yaml become overrides, which ``load_params`` validates with the CLI's rules (cross-field
 ones too) before the flow writes them into params.yaml.
 """
@@ -15,15 +15,16 @@ import types
 import typing
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_serializer
+from pydantic.fields import FieldInfo
 
 from flows.catalog import PIPELINES
 from flows.runner import read_dag
 from tasks.common.config import ConfigError, Params
-from tasks.common.params import choices
+from tasks.common.config.fields import schema_fields
 
 # Where work is placed (Ray addresses, resources, workers per role or stage) is the deployment's business, not a
 # run's: it stays in params.yaml.
@@ -67,20 +68,19 @@ def form_model(pipeline: str, params: Params, project: Path = Path(".")) -> type
 def _group(config: Any, selected: dict[str, Any] | Literal[True], prefix: str, name: str) -> type[BaseModel]:
     """A model of the fields of ``config`` (the params under ``prefix``) that ``selected`` names (True: all of
     them), defaulting to their values."""
-    hints = typing.get_type_hints(type(config))
     fields: dict[str, Any] = {}
-    for f in dataclasses.fields(config):
-        if f.name in _PLACEMENT or (selected is not True and f.name not in selected):
+    for field_name, info in schema_fields(type(config)).items():
+        if field_name in _PLACEMENT or (selected is not True and field_name not in selected):
             continue
-        key, value, help = f"{prefix}{f.name}", getattr(config, f.name), f.metadata.get("help", "")
+        key, value, help = f"{prefix}{field_name}", getattr(config, field_name), info.description or ""
         if dataclasses.is_dataclass(value):
-            below = True if selected is True else selected[f.name]
-            fields[f.name] = _titled(_group(value, below, f"{key}.", key.replace(".", "_")), key, help)
+            below = True if selected is True else selected[field_name]
+            fields[field_name] = _titled(_group(value, below, f"{key}.", key.replace(".", "_")), key, help)
         elif isinstance(value, dict):
             if (weights := _weights(value, key)) is not None:
-                fields[f.name] = _titled(weights, key, help)
+                fields[field_name] = _titled(weights, key, help)
         else:
-            fields[f.name] = _field(hints[f.name], f, key, value)
+            fields[field_name] = _field(info, key, value)
     # Named after its key (sft, task_countdown), so the schema's definitions read as the params they hold.
     return create_model(name, __base__=_Group, **fields)
 
@@ -120,17 +120,16 @@ def _plain(schema: dict[str, Any]) -> None:
         del schema["default"]  # an empty field, left out of what the form sends
 
 
-def _field(annotation: Any, f: dataclasses.Field, key: str, value: Any) -> tuple[Any, Any]:
-    """A param's field: its type (or its choices), help and range, titled with its full key."""
-    checks, extra = f.metadata, None
-    if (allowed := choices(f)) is not None:
-        annotation = Literal[allowed]
-    elif typing.get_origin(annotation) in (typing.Union, types.UnionType):
+def _field(info: FieldInfo, key: str, value: Any) -> tuple[Any, Any]:
+    """A param's field: the schema's own type, constraints and help, titled with its full key and defaulting to
+    its value in params.yaml."""
+    extra = None
+    if typing.get_origin(info.annotation) in (typing.Union, types.UnionType):
         # Null stays valid (the CLI's `sft.num_examples=null`), but the form cannot send it: a field emptied there
         # is left out, which keeps the value params.yaml holds.
         extra = _plain
-    bounds = {name: checks[name] for name in ("gt", "ge", "lt", "le") if name in checks}
-    return annotation, Field(value, title=key, description=checks.get("help"), json_schema_extra=extra, **bounds)
+    annotation = Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
+    return annotation, Field(value, title=key, description=info.description, json_schema_extra=extra)
 
 
 def _leaves(values: BaseModel, prefix: str = "") -> Iterator[tuple[str, Any]]:

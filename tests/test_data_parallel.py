@@ -1,5 +1,6 @@
-"""Data-parallel training on Ray workers with torch.distributed (gloo on CPU): two workers train what one does,
-FSDP2's gradients are DDP's, and a checkpoint resumes on another number of workers (a minute or two)."""
+"""Data-parallel training on Ray workers with torch.distributed (gloo on CPU): two workers train what one does
+(SFT, DPO, the reward model, the RL actor), FSDP2's gradients are DDP's, and a checkpoint resumes on another number
+of workers (a minute or two)."""
 
 import contextlib
 import io
@@ -25,7 +26,8 @@ from tasks.common.config import ConfigError, ParallelConfig, Params, RewardModel
 from tasks.common.distributed import Rank, WorkerLost, data_parallel, run_data_parallel
 from tasks.common.params import load_params
 from tasks.common.registry import run_stage
-from tasks.data.datasets import PreferencePair, read_examples
+from tasks.common.training import Checkpointer
+from tasks.data.datasets import PreferencePair, read_examples, write_jsonl
 from tasks.stages.reward_model import train_member
 from tests.conftest import ENV, kill_at_first_checkpoint, make_project
 
@@ -167,11 +169,57 @@ def test_two_reward_model_workers_train_what_one_does(project):
         for workers in (1, 2):
             parallel = ParallelConfig(num_workers=workers, cpus_per_worker=0.5)
             out = Path(f"reward-{workers}")
-            history = train_member(params, replace(cfg, parallel=parallel), 0, pairs, out)
+            checkpointer = Checkpointer(f"reward-{workers}", {}, [])
+            backbone = Path("artifacts/base")
+            history = train_member(params, replace(cfg, parallel=parallel), backbone, 0, pairs, out, checkpointer)
+            checkpointer.clear()
             runs[workers] = ([metrics["loss"] for _, metrics in history], load_file(out / "model.safetensors"))
     (one_losses, one), (two_losses, two) = runs[1], runs[2]
     assert len(one_losses) == len(two_losses) == 4
     assert all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(one_losses, two_losses, strict=True))
+    assert _close(one, two, 1e-5)
+
+
+DPO = ("dpo.init=base", "dpo.max_steps=6", "dpo.log_every=1", "dpo.warmup_steps=1", "dpo.parallel.cpus_per_worker=0.5")
+
+
+def _dpo(project, *overrides: str) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Run the dpo stage in this process; its loss at every step and its final weights."""
+    with contextlib.chdir(project):
+        params = load_params("params.yaml", [*DPO, *overrides])
+        with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
+            run_stage("dpo", params)
+    rows = (project / "metrics/dpo/plots/metrics/train/loss.tsv").read_text().splitlines()[1:]
+    return [float(row.split("\t")[-1]) for row in rows], load_file(project / "artifacts/dpo/model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def dpo_one_worker(project) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Pairs of (solution, its reverse), the base model's reference log-probs of them, and DPO on one worker."""
+    preferences = project / "artifacts/preferences"
+    preferences.mkdir(parents=True, exist_ok=True)
+    for split, count in (("train", 32), ("test", 8)):
+        examples = read_examples(project / f"artifacts/data/{split}.jsonl")[:count]
+        write_jsonl(
+            preferences / f"{split}.jsonl", [PreferencePair(e.prompt, e.solution, e.solution[::-1]) for e in examples]
+        )
+    with contextlib.chdir(project), redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
+        run_stage("dpo_reference", load_params("params.yaml", DPO))
+    return _dpo(project)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_dpo_workers_train_what_one_does(project, dpo_one_worker, strategy):
+    """A DPO step runs the policy once per shared prompt and once per response bucket (DDP wraps the whole step;
+    FSDP runs one pass): two workers, each with half of every batch of pairs, log one worker's loss curve and end
+    at its weights."""
+    one_losses, one = dpo_one_worker
+    two_losses, two = _dpo(project, "dpo.parallel.num_workers=2", f"dpo.parallel.strategy={strategy}")
+    assert len(one_losses) == len(two_losses) == 6
+    assert all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(one_losses, two_losses, strict=True)), (
+        one_losses,
+        two_losses,
+    )
     assert _close(one, two, 1e-5)
 
 

@@ -97,9 +97,10 @@ def test_the_teacher_runs_on_a_ray_actor_of_its_own_when_not_colocated(distill, 
     from tasks.common.artifacts import DATA_DIR, model_dir
     from tasks.common.params import load_params
     from tasks.rl.distillation import distill_roles, learn_distillation
+    from tasks.rl.learner import LoopState
+    from tasks.rl.placement import place
     from tasks.rl.rewards import RewardScorer
-    from tasks.rl.trainer import LoopState, collect
-    from tasks.rl.workers import place
+    from tasks.rl.trainer import collect
 
     monkeypatch.chdir(distill["path"])
     params = load_params("params.yaml", ["distill.colocate=false"])

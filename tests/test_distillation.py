@@ -10,15 +10,16 @@ from safetensors.torch import load_file
 
 from flows.cli import main
 from models import build_char_tokenizer, build_tiny_llama, load_tokenizer
-from tasks.common.config import BaseConfig, ConfigError, Params, _distill_defaults
+from tasks.common.config import BaseConfig, ConfigError, Params
 from tasks.common.params import load_params
 from tasks.common.training import make_deterministic
 from tasks.data.problems import Example
 from tasks.rl.distill_losses import DISTILL_LOSSES
 from tasks.rl.distillation import distill_roles, learn_distillation, teacher_batches
+from tasks.rl.learner import LoopState
+from tasks.rl.placement import place
 from tasks.rl.sequences import finished_response_ids, response_logprobs
-from tasks.rl.trainer import LoopState, collect
-from tasks.rl.workers import place
+from tasks.rl.trainer import collect
 from tests.conftest import tiny_model
 from tests.test_rl_loop import DigitScorer, new_clock
 
@@ -69,7 +70,7 @@ def test_on_policy_distillation_moves_the_student_toward_a_frozen_teacher(
     first samples falls by 40% or more, and the teacher's weights do not move."""
     steps = 15
     cfg = replace(
-        _distill_defaults(),
+        Params().distill,
         distill_loss=loss,
         jsd_beta=beta,
         steps=steps,
@@ -102,7 +103,7 @@ def test_a_verifier_reward_adds_its_advantage_to_the_teachers(student_dir, teach
     reward_coef 0 the reward does not enter at all (the same update as without any reward function)."""
 
     def first_update(**changes) -> dict[str, float]:
-        cfg = replace(_distill_defaults(), rollout_batch_size=4, group_size=4, max_new_tokens=6, **changes)
+        cfg = replace(Params().distill, rollout_batch_size=4, group_size=4, max_new_tokens=6, **changes)
         make_deterministic(SEED)
         roles = place(Params(seed=SEED, device="cpu"), cfg, student_dir, [], distill_roles(cfg), teacher_dir)
         examples = [Example("arithmetic", f"{a}+1=", str(a + 1), "") for a in range(8)]
@@ -121,7 +122,7 @@ def test_gkd_lambda_leaves_an_even_share_of_iterations_to_the_teachers_responses
     tokenizer = load_tokenizer(student_dir)
     sums = [(a, b) for a in range(5) for b in range(5)]
     examples = [Example("arithmetic", f"{a}+{b}=", str(a + b), f"<answer>{a + b}</answer>") for a, b in sums]
-    cfg = replace(_distill_defaults(), distill_loss="gkd", lmbda=lmbda, rollout_batch_size=3, group_size=2)
+    cfg = replace(Params().distill, distill_loss="gkd", lmbda=lmbda, rollout_batch_size=3, group_size=2)
     draw = teacher_batches(examples, tokenizer, cfg, SEED)
     drawn = {i: draw(i) for i in range(8)}
     assert [i for i, rollout in drawn.items() if rollout is not None] == teacher_iterations

@@ -2,11 +2,11 @@
 divergence, a bad params.yaml under `alignflow repro`, unchecked RL prompts, late reward-import and value errors,
 missing upstream models, and the shutdown tracebacks. Bad-input cases by the dozen live in test_validation.py."""
 
-import dataclasses
 import json
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,11 +16,12 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
+import tasks.rl.policy_gradient
 import tasks.rl.trainer
-import tasks.rl.workers
 import tasks.stages.sft
 from flows.cli import main
-from tests.conftest import ENV, REPO, TINY, make_project, repro, run_seed
+from tasks.data.datasets import PreferencePair, read_examples, write_jsonl
+from tests.conftest import ENV, REPO, TINY, make_project, md5_tree, repro, run_seed
 
 SFT_STEPS, SFT_SAVE_EVERY = 40, 10
 GRPO_STEPS, GRPO_SAVE_EVERY = 6, 2
@@ -133,16 +134,15 @@ def test_nan_at_a_random_grpo_step_keeps_the_last_checkpoint_and_a_rerun_with_a_
         return total, parts, failures
 
     def poisoned_loss(*args, **kwargs):
-        loss, clip_fraction = policy_loss(*args, **kwargs)
-        return (loss * float("nan") if iterations["count"] == step else loss), clip_fraction
+        loss = agg_loss(*args, **kwargs)
+        return loss * float("nan") if iterations["count"] == step else loss
 
     monkeypatch.setattr(tasks.rl.trainer, "collect", counting_collect)
     if poison == "reward":
         monkeypatch.setattr(tasks.rl.trainer.RewardScorer, "score", poisoned_score)
     else:
-        policy_loss = tasks.rl.workers.POLICY_LOSSES["token_mean"]
-        poisoned = dataclasses.replace(policy_loss, compute=poisoned_loss)
-        monkeypatch.setitem(tasks.rl.workers.POLICY_LOSSES, "token_mean", poisoned)
+        agg_loss = tasks.rl.policy_gradient.agg_loss
+        monkeypatch.setattr(tasks.rl.policy_gradient, "agg_loss", poisoned_loss)
     # The length reward differs within every group (the untrained model never answers right), so each step updates.
     schedule = [f"grpo.steps={GRPO_STEPS}", f"grpo.save_every={GRPO_SAVE_EVERY}", "grpo.rewards={length: 1.0}"]
     assert main(["stage", "grpo_zero", *schedule]) == 1
@@ -292,3 +292,65 @@ def test_a_changed_learning_rate_resumes_only_a_run_that_diverged(project, capsy
     capsys.readouterr()
     assert main(["stage", "sft", *schedule, "sft.lr=0.001"]) == 0
     assert "resuming" not in capsys.readouterr().out
+
+
+# 16 pairs in batches of 8 for 2 epochs: 4 steps a member, a checkpoint at step 2 and, once it is finished, at 4.
+REWARD_MODEL = (
+    "reward_model.backbone=base",
+    "reward_model.ensemble_size=2",
+    "reward_model.epochs=2",
+    "reward_model.save_every=2",
+)
+
+KILL_AT_SAVE = """
+import os
+import signal
+import sys
+
+from flows.cli import main
+from tasks.common.training import Checkpointer
+
+saves, save = [], Checkpointer.save
+
+def save_then_die(self, state):
+    save(self, state)
+    saves.append(state["step"])
+    if len(saves) == {saves}:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+Checkpointer.save = save_then_die
+sys.exit(main(["stage", "reward_model", *{overrides!r}]))
+"""
+
+
+def _reward_model_outputs() -> dict[str, dict[str, str]]:
+    return {name: md5_tree(Path(name)) for name in ("artifacts/reward_model", "metrics/reward_model")}
+
+
+@pytest.mark.parametrize(("saves", "member"), [(1, 0), (3, 1)])
+def test_a_reward_model_ensemble_killed_mid_member_resumes_to_identical_weights(project, capsys, saves, member):
+    """SIGKILLed right after its ``saves``-th checkpoint (``member`` at step 2 of 4; by the third, member 0 is
+    finished), the rerun skips the finished member, resumes the one it was in, and ends at the bytes of an
+    uninterrupted run."""
+    Path("artifacts/preferences").mkdir()
+    for split, count in (("train", 16), ("test", 8)):
+        examples = read_examples(Path(f"artifacts/data/{split}.jsonl"))[:count]
+        pairs = [PreferencePair(e.prompt, e.solution, e.solution[::-1]) for e in examples]
+        write_jsonl(Path(f"artifacts/preferences/{split}.jsonl"), pairs)
+    assert main(["stage", "reward_model", *REWARD_MODEL]) == 0
+    uninterrupted = _reward_model_outputs()
+    for name in uninterrupted:
+        shutil.rmtree(name)
+
+    script = KILL_AT_SAVE.format(saves=saves, overrides=list(REWARD_MODEL))
+    killed = subprocess.run([sys.executable, "-c", script], cwd=project, env=ENV, capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert not Path("artifacts/reward_model").exists(), "a killed stage must leave no output"
+
+    capsys.readouterr()
+    assert main(["stage", "reward_model", *REWARD_MODEL]) == 0
+    out = capsys.readouterr().out
+    assert f"reward_model member-{member}: resuming from the checkpoint at step 2" in out, out
+    assert ("reward_model member-0: resuming from the checkpoint at step 4" in out) == (member == 1), out
+    assert _reward_model_outputs() == uninterrupted
+    assert not Path(".alignflow/checkpoints/reward_model").exists(), "checkpoints are cleared once the stage succeeds"

@@ -8,8 +8,11 @@ from hypothesis import strategies as st
 from tasks.rl.core_algos import (
     ADVANTAGE_ESTIMATORS,
     GROUP_STD_EPS,
+    LOSS_AGG_MODES,
     POLICY_LOSSES,
+    agg_loss,
     informative_groups,
+    masked_mean,
     overlong_penalty,
     sequence_ratio,
 )
@@ -164,27 +167,155 @@ def test_cispo_passes_gradient_to_tokens_whose_ratio_is_outside_the_clip_range()
     ratios = torch.tensor([[1.6, 1.0, 1.1, 0.5]], dtype=F64)
     advantages = torch.tensor([[1.0, 1.0, -1.0, -1.0]], dtype=F64)
     gradients = {}
-    for name in ("cispo", "token_mean"):
+    for name in ("cispo", "ppo"):
         logprobs = (old + torch.log(ratios)).requires_grad_()
-        loss, clip_fraction = POLICY_LOSSES[name](logprobs, old, advantages, mask, eps_low=0.2, eps_high=0.28)
-        loss.backward()
+        losses, clipped = POLICY_LOSSES[name](logprobs, old, advantages, mask, eps_low=0.2, eps_high=0.28)
+        agg_loss(losses, mask, "token_mean").backward()
         gradients[name] = logprobs.grad[0]
-        assert clip_fraction.item() == pytest.approx(0.5)
+        assert masked_mean(clipped, mask).item() == pytest.approx(0.5)
     assert (gradients["cispo"] != 0).all()
-    assert gradients["token_mean"][0] == 0 and gradients["token_mean"][3] == 0
+    assert gradients["ppo"][0] == 0 and gradients["ppo"][3] == 0
 
 
 def test_loss_normalisations_differ_only_in_how_they_average():
     old, mask = _ratio_batch(1)
     advantages = torch.randn(4, 6, dtype=F64) * mask
-    args = dict(eps_low=0.2, eps_high=0.2, max_length=10)
     terms = -advantages  # at ρ = 1 every clipped term is −Â
-    token = POLICY_LOSSES["token_mean"](old, old, advantages, mask, **args)[0]
-    sequence = POLICY_LOSSES["seq_mean"](old, old, advantages, mask, **args)[0]
-    constant = POLICY_LOSSES["dr_grpo"](old, old, advantages, mask, **args)[0]
+    losses, _ = POLICY_LOSSES["ppo"](old, old, advantages, mask, eps_low=0.2, eps_high=0.2)
+    token = agg_loss(losses, mask, "token_mean", max_length=10)
+    sequence = agg_loss(losses, mask, "seq_mean_token_mean", max_length=10)
+    constant = agg_loss(losses, mask, "seq_mean_token_sum_norm", max_length=10)
     assert token.item() == pytest.approx(((terms * mask).sum() / mask.sum()).item())
     assert sequence.item() == pytest.approx(((terms * mask).sum(-1) / mask.sum(-1)).mean().item())
     assert constant.item() == pytest.approx(((terms * mask).sum() / (4 * 10)).item())
+
+
+# --- The policy losses as they were before a surrogate and its aggregation were separate knobs (five registered
+# losses, each with its aggregation built in): the reference every (surrogate, mode) pair that replaced one must
+# reproduce, value and gradient.
+
+
+def _old_clipped_terms(logprobs, old_logprobs, advantages, mask, eps_low, eps_high):
+    ratio = torch.exp(torch.where(mask.bool(), logprobs - old_logprobs, 0))
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - eps_low, 1 + eps_high)
+    return torch.maximum(unclipped, clipped)
+
+
+def _old_token_mean(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, max_length):
+    terms = _old_clipped_terms(logprobs, old_logprobs, advantages, mask, eps_low, eps_high)
+    return torch.where(mask.bool(), terms, 0).sum() / mask.sum().clamp(min=1)
+
+
+def _old_seq_mean(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, max_length):
+    terms = _old_clipped_terms(logprobs, old_logprobs, advantages, mask, eps_low, eps_high)
+    return ((terms * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+
+
+def _old_dr_grpo(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, max_length):
+    terms = _old_clipped_terms(logprobs, old_logprobs, advantages, mask, eps_low, eps_high)
+    return (terms * mask).sum() / (mask.shape[0] * max_length)
+
+
+def _old_gspo(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, max_length):
+    log_ratio = torch.where(mask.bool(), logprobs - old_logprobs, 0).sum(-1) / mask.sum(-1).clamp(min=1)
+    ratio = torch.exp(log_ratio)
+    sequence_advantages = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    unclipped = -sequence_advantages * ratio
+    clipped = -sequence_advantages * ratio.clamp(1 - eps_low, 1 + eps_high)
+    return torch.maximum(unclipped, clipped).mean()
+
+
+def _old_cispo(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, max_length):
+    ratio = torch.exp(torch.where(mask.bool(), logprobs - old_logprobs, 0))
+    weight = ratio.clamp(1 - eps_low, 1 + eps_high).detach()
+    losses = -weight * advantages * logprobs
+    return torch.where(mask.bool(), losses, 0).sum() / mask.sum().clamp(min=1)
+
+
+# (surrogate, mode) -> the old loss it replaces, and whether it is the same to the bit (gspo's per-response loss is
+# now spread over the response's tokens and averaged back: the same to round-off)
+OLD_LOSSES = {
+    ("ppo", "token_mean"): (_old_token_mean, True),
+    ("ppo", "seq_mean_token_mean"): (_old_seq_mean, True),
+    ("ppo", "seq_mean_token_sum_norm"): (_old_dr_grpo, True),
+    ("gspo", "seq_mean_token_mean"): (_old_gspo, False),
+    ("cispo", "token_mean"): (_old_cispo, True),
+}
+
+
+def _policy_batch(seed: int, dtype=torch.float32, rows: int = 6, width: int = 9):
+    """Log-probs a step apart from π_old's (some ratios past the clip), token-varying advantages, ragged rows."""
+    generator = torch.Generator().manual_seed(seed)
+    old = -torch.rand(rows, width, generator=generator, dtype=dtype) * 3
+    logprobs = old + 0.3 * torch.randn(rows, width, generator=generator, dtype=dtype)
+    advantages = torch.randn(rows, width, generator=generator, dtype=dtype)
+    mask = (torch.arange(width) < torch.randint(1, width + 1, (rows,), generator=generator)[:, None]).to(dtype)
+    return logprobs, old, advantages * mask, mask
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10**6), eps_low=st.floats(0.05, 0.3), eps_high=st.floats(0.05, 0.4))
+@pytest.mark.parametrize(("surrogate", "mode"), list(OLD_LOSSES))
+def test_each_surrogate_and_mode_is_the_old_loss_it_replaces(surrogate, mode, seed, eps_low, eps_high):
+    old_loss, bitwise = OLD_LOSSES[(surrogate, mode)]
+    logprobs, old, advantages, mask = _policy_batch(seed)
+    knobs = dict(eps_low=eps_low, eps_high=eps_high)
+    gradients = []
+    for loss in (
+        lambda x: agg_loss(POLICY_LOSSES[surrogate](x, old, advantages, mask, **knobs)[0], mask, mode, max_length=12),
+        lambda x: old_loss(x, old, advantages, mask, **knobs, max_length=12),
+    ):
+        x = logprobs.clone().requires_grad_()
+        value = loss(x)
+        value.backward()
+        gradients.append((value.detach(), x.grad))
+    (new, new_gradient), (reference, reference_gradient) = gradients
+    if bitwise:
+        assert torch.equal(new, reference) and torch.equal(new_gradient, reference_gradient)
+    else:
+        assert torch.allclose(new, reference, rtol=1e-5, atol=1e-7)
+        assert torch.allclose(new_gradient, reference_gradient, rtol=1e-5, atol=1e-7)
+
+
+@settings(max_examples=50, deadline=None)
+@given(seed=st.integers(0, 10**6), max_length=st.integers(9, 40))
+def test_aggregation_modes_equal_their_closed_forms_and_ignore_padding(seed, max_length):
+    generator = torch.Generator().manual_seed(seed)
+    _, _, _, mask = _policy_batch(seed, F64)
+    losses = torch.randn(mask.shape, generator=generator, dtype=F64)
+    garbage = torch.where(mask.bool(), losses, torch.full_like(losses, float("inf")))  # padding selected away
+    rows = [
+        [value for value, real in zip(row, keep, strict=True) if real]
+        for row, keep in zip(losses.tolist(), mask.bool().tolist(), strict=True)
+    ]
+    expected = {
+        "token_mean": sum(map(sum, rows)) / sum(map(len, rows)),
+        "seq_mean_token_mean": sum(sum(row) / len(row) for row in rows) / len(rows),
+        "seq_mean_token_sum_norm": sum(map(sum, rows)) / (len(rows) * max_length),
+    }
+    assert set(expected) == set(LOSS_AGG_MODES)
+    for mode, value in expected.items():
+        assert agg_loss(garbage, mask, mode, max_length).item() == pytest.approx(value, rel=1e-12)
+
+
+@pytest.mark.parametrize("mode", sorted(LOSS_AGG_MODES))
+def test_a_modes_normaliser_weights_data_parallel_shares_into_the_whole_minibatchs_loss(mode):
+    """What ``per`` says a mode averages over is the weight that makes each rank's loss on its rows, averaged over
+    the ranks, the whole minibatch's (``tasks/rl/workers.py:shares``)."""
+    _, _, _, mask = _policy_batch(3, F64, rows=7)
+    losses = torch.randn(mask.shape, generator=torch.Generator().manual_seed(4), dtype=F64)
+    whole = agg_loss(losses, mask, mode, max_length=12)
+    parts = torch.arange(len(mask)).tensor_split(3)
+    normaliser = mask.sum() if LOSS_AGG_MODES[mode].per == "tokens" else torch.tensor(len(mask), dtype=F64)
+    weighted = [
+        agg_loss(losses[rows], mask[rows], mode, max_length=12)
+        * len(parts)
+        * (mask[rows].sum() if LOSS_AGG_MODES[mode].per == "tokens" else len(rows))
+        / normaliser
+        for rows in parts
+    ]
+    assert torch.stack(weighted).mean().item() == pytest.approx(whole.item(), rel=1e-12)
 
 
 def test_overlong_penalty_is_zero_then_linear_then_minus_one():

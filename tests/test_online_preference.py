@@ -9,13 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models import load_tokenizer
-from tasks.common.config import LEARNERS, Params, _online_dpo_defaults
+from tasks.common.config import LEARNERS, Params
 from tasks.common.training import make_deterministic
 from tasks.data.problems import Example
-from tasks.rl.online_preference import learn_preferences, preference_roles
+from tasks.rl.learner import LoopState, Rollout
+from tasks.rl.online_preference import PAIRS, learn_preferences, preference_roles
+from tasks.rl.placement import place
 from tasks.rl.sequences import pack_text
-from tasks.rl.trainer import HELDOUT, LoopState, Rollout, alarms, collect, dip_and_recovery
-from tasks.rl.workers import ActorWorker, place
+from tasks.rl.trainer import HELDOUT, alarms, collect, dip_and_recovery
+from tasks.rl.workers import ActorWorker
 from tasks.rollout.engine import Completion, Sampling
 from tasks.stages import online_dpo
 from tests.conftest import tiny_model
@@ -34,7 +36,7 @@ def test_the_online_stage_runs_exactly_the_learners_its_params_may_name():
 
 
 def test_reference_free_losses_start_no_reference_role():
-    cfg = _online_dpo_defaults()
+    cfg = Params().online_dpo
     assert preference_roles(cfg) == {"reference"}
     assert preference_roles(replace(cfg, preference_loss="simpo")) == set()
     assert preference_roles(replace(cfg, rewards={"reward_model": 1.0})) == {"reference", "reward"}
@@ -45,7 +47,7 @@ def test_a_toy_online_dpo_run_raises_its_mean_reward(model_dir, one_thread):
     rewarded for writing digits: 12 iterations of collect + learn raise the reward well above the first rollout's."""
     steps = 12
     cfg = replace(
-        _online_dpo_defaults(),
+        Params().online_dpo,
         steps=steps,
         rollout_batch_size=8,
         group_size=4,
@@ -74,7 +76,7 @@ def test_a_toy_online_dpo_run_raises_its_mean_reward(model_dir, one_thread):
 
 @pytest.mark.parametrize("sync_every", [1, 3])
 def test_the_engine_samples_from_weights_refreshed_every_sync_every_updates(model_dir, one_thread, sync_every):
-    cfg = replace(_online_dpo_defaults(), sync_every=sync_every, actor_lr=1e-2, warmup_steps=0, epochs=1)
+    cfg = replace(Params().online_dpo, sync_every=sync_every, actor_lr=1e-2, warmup_steps=0, epochs=1)
     actor = ActorWorker(Params(seed=SEED, device="cpu"), cfg, model_dir)
     batch = pack_text(load_tokenizer(model_dir), ["1+2=", "3+4="] * 2, ["3", "7", "4", "9"])  # 2 chosen, 2 rejected
 
@@ -83,7 +85,7 @@ def test_the_engine_samples_from_weights_refreshed_every_sync_every_updates(mode
 
     synced = engine_weights()
     for update in range(1, 7):
-        actor.preference_update(batch, actor.logprobs(batch))
+        actor.update(batch, PAIRS, {"ref_logprobs": actor.logprobs(batch)})
         current = actor.model.model.embed_tokens.weight.detach()
         if update % sync_every == 0:
             assert torch.equal(engine_weights(), current)
@@ -93,12 +95,12 @@ def test_the_engine_samples_from_weights_refreshed_every_sync_every_updates(mode
 
 
 def test_a_semi_online_actor_resumes_with_the_engine_weights_it_had(model_dir, one_thread):
-    cfg = replace(_online_dpo_defaults(), sync_every=3, actor_lr=1e-2, warmup_steps=0, epochs=1)
+    cfg = replace(Params().online_dpo, sync_every=3, actor_lr=1e-2, warmup_steps=0, epochs=1)
     params = Params(seed=SEED, device="cpu")
     actor = ActorWorker(params, cfg, model_dir)
     batch = pack_text(load_tokenizer(model_dir), ["1+2=", "3+4="] * 2, ["3", "7", "4", "9"])
     for _ in range(4):  # synced after update 3, one update since
-        actor.preference_update(batch, actor.logprobs(batch))
+        actor.update(batch, PAIRS, {"ref_logprobs": actor.logprobs(batch)})
     resumed = ActorWorker(params, cfg, model_dir)
     resumed.load_state(actor.state())
     for name, tensor in actor.engine.model.state_dict().items():
@@ -136,7 +138,7 @@ def test_the_dip_is_never_negative_and_recovery_is_a_probe_at_or_above_the_start
 
 
 def test_a_rollout_of_ties_makes_no_pairs_no_update_and_no_alarm(model_dir, one_thread):
-    cfg = replace(_online_dpo_defaults(), group_size=2, dynamic_sampling=False)
+    cfg = replace(Params().online_dpo, group_size=2, dynamic_sampling=False)
     roles = place(Params(seed=SEED, device="cpu"), cfg, model_dir, [], preference_roles(cfg))
     before = roles["actor"].call("weights").result()
     completions = [Completion(0, [5, 6], "ab", [-1.0, -1.0]), Completion(0, [7], "c", [-1.0])]
@@ -150,7 +152,7 @@ def test_a_rollout_of_ties_makes_no_pairs_no_update_and_no_alarm(model_dir, one_
 
 
 def test_the_held_out_probe_draws_from_its_own_seed_and_leaves_trainings_random_state_alone(model_dir, one_thread):
-    actor = ActorWorker(Params(seed=SEED, device="cpu"), _online_dpo_defaults(), model_dir)
+    actor = ActorWorker(Params(seed=SEED, device="cpu"), Params().online_dpo, model_dir)
     sampling = Sampling(8, n=2, temperature=1.0)
     before = torch.get_rng_state()
     first = actor.sample_current(["1+2=", "3+4="], sampling, seed=7)

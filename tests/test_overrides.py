@@ -1,7 +1,6 @@
 """The run form: per pipeline, the params its stages read as plain fields at their current values; a submission
 becomes overrides of what changed only, validated like the CLI's and written into params.yaml."""
 
-import dataclasses
 import json
 from typing import Any
 
@@ -12,7 +11,9 @@ from flows.catalog import PIPELINES
 from flows.overrides import changed_overrides, form_model, form_values
 from flows.pipelines import write_overrides
 from tasks.common.config import ConfigError, Params
-from tasks.common.params import fields_with_keys, load_params, param_value
+from tasks.common.config.fields import schema_fields
+from tasks.common.params import fields_with_keys, load_params
+from tasks.common.registry import param_value
 from tests.conftest import REPO
 
 PARAMS = load_params(REPO / "params.yaml")
@@ -88,7 +89,7 @@ def test_the_sft_form_holds_what_its_stages_read_as_plain_described_fields_at_th
 def test_a_group_is_titled_with_its_key_and_its_sections_help(forms):
     properties = forms["sft"].model_json_schema()["properties"]
     assert properties["sft"]["title"] == "sft — Supervised fine-tuning on worked solutions"
-    helps = {f.name: f.metadata["help"] for f in dataclasses.fields(Params)}
+    helps = {name: info.description for name, info in schema_fields(Params).items()}
     for name in ("task", "data", "base", "eval"):
         assert properties[name]["title"] == f"{name} — {helps[name].rstrip('.')}"
 

@@ -11,6 +11,7 @@ from tasks.rl.preference_losses import (
     PREFERENCE_LOSSES,
     PairLogprobs,
     best_and_worst,
+    log1mexp,
     preference_loss,
     sequence_logprobs,
 )
@@ -182,6 +183,26 @@ def test_orpo_includes_the_chosen_nll_and_an_odds_ratio_term_in_closed_form():
     expected = 0.5 - 0.2 * math.log(1 / (1 + math.exp(-(log_odds_chosen - log_odds_rejected))))
     assert losses.item() == pytest.approx(expected, rel=1e-5)
     assert (chosen - rejected).item() == pytest.approx(log_odds_chosen - log_odds_rejected, rel=1e-5)
+
+
+def test_orpo_log_odds_stay_exact_in_float32_as_the_mean_log_prob_nears_zero():
+    """log(p / (1 − p)) at log p = −2e-6: 1 − exp(log p) in float32 keeps a few digits (log1p(−exp(x)) was 1.3e-2
+    off in the log-odds here), −expm1(log p) keeps them all. Against the same formula in float64."""
+    mean_logprob = torch.tensor([-2e-6])
+    pairs = PairLogprobs(mean_logprob, torch.tensor([-3.0]), torch.tensor([1.0]), torch.tensor([1.0]))
+    _, chosen, _ = PREFERENCE_LOSSES["orpo"](pairs, beta=0.2)
+    x = mean_logprob.item()  # the float32 input, exactly, in float64
+    assert chosen.dtype == torch.float32
+    assert chosen.item() == pytest.approx(x - math.log(-math.expm1(x)), abs=1e-5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(-60.0, -1e-7))
+def test_log1mexp_is_accurate_in_float32_on_both_sides_of_its_branch(x):
+    value = torch.tensor([x], dtype=torch.float32)
+    x = value.item()  # in float64, where either form is exact on its own side of the branch
+    exact = math.log(-math.expm1(x)) if x > -math.log(2) else math.log1p(-math.exp(x))
+    assert log1mexp(value).item() == pytest.approx(exact, rel=1e-6, abs=1e-30)
 
 
 def test_online_pairs_are_each_groups_best_and_worst_and_a_tied_group_makes_none():

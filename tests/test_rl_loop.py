@@ -1,5 +1,6 @@
 """The RL loop of tasks/rl/trainer.py: dynamic sampling's refill, rollout bookkeeping, which roles a config
-starts, the critic's regression, and a toy GRPO run whose reward rises under the trainer's own collect + learn."""
+starts, the critic's regression, and a toy GRPO run whose reward rises under the trainer's own collect and the
+policy-gradient learner (tasks/rl/policy_gradient.py)."""
 
 from dataclasses import replace
 
@@ -9,14 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models import load_tokenizer
-from tasks.common.config import Params, RLConfig, _grpo_defaults
+from tasks.common.config import Params, RLConfig
 from tasks.common.training import epoch_batch, make_deterministic
 from tasks.data.problems import Example
 from tasks.rl.core_algos import masked_mean
+from tasks.rl.learner import LoopState, Rollout
+from tasks.rl.placement import ActorEngine, Worker, place
+from tasks.rl.policy_gradient import learn, needed_roles
 from tasks.rl.rewards import REWARD_MODEL, RewardInputs
 from tasks.rl.sequences import pack_text
-from tasks.rl.trainer import LoopState, Rollout, collect, learn, needed_roles
-from tasks.rl.workers import CriticWorker, Worker, place
+from tasks.rl.trainer import collect
+from tasks.rl.workers import CriticWorker
 from tasks.rollout.engine import Completion
 from tests.conftest import tiny_model
 
@@ -80,7 +84,7 @@ def expected_score(round_: int, group: int, sample: int, informative: list[bool]
 
 def run_collect(pattern: list[list[bool]], cfg: RLConfig):
     actor = Worker(FakeActor, (cfg.group_size,), None)
-    roles = {"actor": actor, "rollout": actor}  # the engine in the actor's process
+    roles = {"actor": actor, "rollout": ActorEngine(actor)}  # the engine in the actor's process
     scorer = PatternScorer(pattern, cfg.group_size)
     state = LoopState()
     rollout, stats = collect(roles, scorer, EXAMPLES, cfg, state, SEED, new_clock())
@@ -105,7 +109,7 @@ def assert_rows(rollout: Rollout, rows: list[tuple[str, str, float]]) -> None:
 
 
 def dynamic(**changes) -> RLConfig:
-    return replace(_grpo_defaults(), dynamic_sampling=True, **changes)
+    return replace(Params().grpo, dynamic_sampling=True, **changes)
 
 
 def test_dynamic_sampling_refills_the_batch_then_keeps_exactly_rollout_batch_size_groups():
@@ -147,7 +151,7 @@ def test_a_round_that_fills_the_batch_is_the_only_round():
 def test_without_dynamic_sampling_one_round_keeps_the_whole_batch_uninformative_groups_too():
     T, F = True, False
     pattern = [[T, F, F, F], [T, T, T, T]]
-    cfg = replace(_grpo_defaults(), dynamic_sampling=False, rollout_batch_size=4, group_size=2, max_sampling_rounds=3)
+    cfg = replace(Params().grpo, dynamic_sampling=False, rollout_batch_size=4, group_size=2, max_sampling_rounds=3)
     rollout, stats, actor, state = run_collect(pattern, cfg)
     assert stats == {"zero_variance_groups": 0.75, "sampling_rounds": 1}
     assert len(actor.batches) == 1 and state.cursor == 1
@@ -233,7 +237,7 @@ def test_rollout_join_concatenates_row_by_row_and_sums_failures():
 
 # --- needed_roles
 
-GRPO_NO_KL = replace(_grpo_defaults(), kl_loss="none")
+GRPO_NO_KL = replace(Params().grpo, kl_loss="none")
 
 
 @pytest.mark.parametrize(
@@ -242,7 +246,7 @@ GRPO_NO_KL = replace(_grpo_defaults(), kl_loss="none")
         (RLConfig(), {"critic", "reference", "reward"}),  # PPO: GAE, KL in the reward, the reward model
         (replace(RLConfig(), kl_in_reward=False, rewards={"accuracy": 1.0}), {"critic"}),
         (GRPO_NO_KL, set()),
-        (_grpo_defaults(), {"reference"}),  # kl_loss k3
+        (Params().grpo, {"reference"}),  # kl_loss k3
         (replace(GRPO_NO_KL, kl_in_reward=True), {"reference"}),
         (replace(GRPO_NO_KL, ref_reset_every=2), {"reference"}),
         (replace(GRPO_NO_KL, advantage="gae"), {"critic"}),
@@ -310,7 +314,7 @@ def test_a_toy_grpo_run_raises_its_mean_reward(model_dir, one_thread):
     double the reward of the first rollout (about 0.1 at random, 10 of the ~100 tokens are digits)."""
     steps = 12
     cfg = replace(
-        _grpo_defaults(),
+        Params().grpo,
         steps=steps,
         rollout_batch_size=8,
         group_size=4,
@@ -321,7 +325,7 @@ def test_a_toy_grpo_run_raises_its_mean_reward(model_dir, one_thread):
     params = Params(seed=SEED, device="cpu")
     make_deterministic(SEED)
     roles = place(params, cfg, model_dir, [], needed_roles(cfg))
-    assert set(roles) == {"actor", "reference", "rollout"} and roles["rollout"] is roles["actor"]
+    assert set(roles) == {"actor", "reference", "rollout"} and not roles["rollout"].apart
     tokenizer, scorer, state = load_tokenizer(model_dir), DigitScorer(), LoopState(kl_coef=cfg.kl_coef)
     examples = [Example("arithmetic", f"{a}+{b}=", str(a + b), "") for a in range(4) for b in range(4)]
     rewards, history = [], []

@@ -9,12 +9,13 @@ from hypothesis import strategies as st
 
 from tasks.rl.core_algos import (
     KL_ESTIMATORS,
+    agg_loss,
     bradley_terry_loss,
-    clipped_policy_loss,
     clipped_value_loss,
     entropy_from_logits,
     gae,
     kl_k1,
+    ppo_surrogate,
     shaped_rewards,
     whiten,
 )
@@ -79,7 +80,7 @@ def test_padding_gets_zero_advantage_and_moves_no_loss():
     assert (whiten(advantages, mask)[mask == 0] == 0).all()
 
     def losses(logprobs, new_values):
-        policy, _ = clipped_policy_loss(logprobs, old_logprobs, advantages, mask, 0.2, 0.28)
+        policy = agg_loss(ppo_surrogate(logprobs, old_logprobs, advantages, mask, 0.2, 0.28)[0], mask, "token_mean")
         return policy, clipped_value_loss(new_values, values, returns, mask, 0.2)
 
     old_logprobs = -torch.rand(6, 9, dtype=F64)
@@ -128,9 +129,9 @@ def test_clipped_loss_gradient_vanishes_exactly_where_the_clip_binds(advantage, 
     if min(abs(ratio - (1 + eps_high)), abs(ratio - (1 - eps_low))) < 1e-6:
         return  # on the clip boundary the gradient is one-sided
     logprobs = torch.tensor([[log_ratio]], requires_grad=True)
-    loss, _ = clipped_policy_loss(
-        logprobs, torch.zeros(1, 1), torch.tensor([[advantage]]), torch.ones(1, 1), eps_low, eps_high
-    )
+    mask = torch.ones(1, 1)
+    losses, _ = ppo_surrogate(logprobs, torch.zeros(1, 1), torch.tensor([[advantage]]), mask, eps_low, eps_high)
+    loss = agg_loss(losses, mask, "token_mean")
     loss.backward()
     clipped = (advantage > 0 and ratio > 1 + eps_high) or (advantage < 0 and ratio < 1 - eps_low)
     assert (logprobs.grad.item() == 0) == clipped

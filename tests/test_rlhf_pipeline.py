@@ -11,10 +11,12 @@ from tasks.common.artifacts import DATA_DIR, member_dirs, model_dir
 from tasks.common.params import load_params
 from tasks.data.datasets import read_examples, read_preferences
 from tasks.data.judge import gold_utility
+from tasks.rl.learner import LoopState, Rollout
+from tasks.rl.placement import place
+from tasks.rl.policy_gradient import learn, needed_roles
 from tasks.rl.rewards import RewardScorer
 from tasks.rl.sequences import score_texts
-from tasks.rl.trainer import LoopState, Rollout, learn, needed_roles, score
-from tasks.rl.workers import place
+from tasks.rl.trainer import score
 from tests.conftest import make_project, report_json, repro, resume_after_kill, stages_run
 
 pytestmark = pytest.mark.slow

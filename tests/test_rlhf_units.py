@@ -1,6 +1,7 @@
 """RLHF building blocks on a tiny random model: packing, engine log-probs, the gold judge, PPO helpers."""
 
 import random
+from functools import partial
 
 import pytest
 import torch
@@ -13,9 +14,11 @@ from tasks.common.params import load_params
 from tasks.data.judge import gold_utility, prefers_first
 from tasks.data.problems import Example
 from tasks.rl.core_algos import POLICY_LOSSES, adaptive_kl_coef, explained_variance, token_logprobs
+from tasks.rl.learner import RunningMoments, prepare_scores
+from tasks.rl.policy_gradient import policy_gradient_loss
 from tasks.rl.sequences import pack, pack_text, response_logprobs, shared_prompt_logits
-from tasks.rl.trainer import RunningMoments, alarms, prepare_scores
-from tasks.rl.workers import ActorWorker
+from tasks.rl.trainer import alarms
+from tasks.rl.workers import ActorLoss, ActorWorker
 from tasks.rollout.engine import Sampling
 from tasks.rollout.hf_engine import HFEngine, sample_tokens
 from tests.conftest import REPO, tiny_model
@@ -123,6 +126,12 @@ def test_a_rows_numbers_do_not_depend_on_its_batchs_padding(model_dir):
     assert torch.allclose(first[0, :width], second[0, :width], atol=1e-5)
 
 
+def _policy_update(actor: ActorWorker, batch, old_logprobs, advantages):
+    """The policy-gradient learner's update, without a KL term."""
+    loss = ActorLoss(partial(policy_gradient_loss, kl_coef=0.0))
+    return actor.update(batch, loss, {"advantages": advantages}, old_logprobs)
+
+
 @pytest.mark.parametrize("policy_loss", sorted(POLICY_LOSSES))
 def test_an_actor_update_moves_responses_toward_their_advantages(model_dir, policy_loss):
     """The trainer's sign and bookkeeping end to end, for every registered loss: after one update on sampled
@@ -141,7 +150,7 @@ def test_an_actor_update_moves_responses_toward_their_advantages(model_dir, poli
     )
     sign = torch.tensor([1.0, -1.0] * 8)  # half of each group above its mean, half below
     before = actor.logprobs(batch)
-    actor.update(batch, before, sign[:, None] * batch.response_mask, None, 0.0)
+    _policy_update(actor, batch, before, sign[:, None] * batch.response_mask)
     moved = ((actor.logprobs(batch) - before) * batch.response_mask).sum(-1)
     assert moved[sign > 0].mean() > moved[sign < 0].mean() + 0.1, moved
 
@@ -159,13 +168,13 @@ def test_a_single_update_without_an_old_logprob_pass_is_the_update_with_one(mode
         torch.manual_seed(0)
         actor = ActorWorker(params, params.grpo, model_dir)
         old = actor.logprobs(batch) if precomputed else None
-        _, sampled = actor.update(batch, old, advantages, None, 0.0)
+        _, sampled = _policy_update(actor, batch, old, advantages)
         weights.append(torch.cat([p.detach().flatten() for p in actor.model.parameters()]))
         reported.append(sampled)
     assert torch.allclose(reported[0], reported[1], atol=1e-5)
     assert torch.allclose(weights[0], weights[1], atol=1e-6)
     with pytest.raises(ValueError, match="2 updates per rollout"):
-        actor.update(batch.select(torch.arange(4).repeat(2)), None, advantages.repeat(2, 1), None, 0.0)
+        _policy_update(actor, batch.select(torch.arange(4).repeat(2)), None, advantages.repeat(2, 1))
 
 
 def test_gold_utility_orders_correct_then_formatted_then_concise():

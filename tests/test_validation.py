@@ -171,7 +171,7 @@ def test_params_yaml_states_every_key_at_its_schema_default_but_for_named_ones()
 
     schema = Params()
     documented = {key: value for key, _, value in fields_with_keys(schema)}
-    assert all(f.metadata.get("help") for _, f, _ in fields_with_keys(schema))
+    assert all(info.description for _, info, _ in fields_with_keys(schema))
 
     def leaves(tree, prefix=""):  # down to a documented key (a dict-valued one, such as rewards, included)
         for key, value in tree.items():
@@ -322,6 +322,21 @@ def test_help_explains_the_stages_and_commands(capsys):
     text = capsys.readouterr().out
     for word in ("dvc repro", "data", "base", "sft", "eval@MODEL", "stage", "report"):
         assert word in text
+
+
+@pytest.mark.parametrize("name", ["sft", "grpo_final@1", "eval@sft"])
+def test_stage_help_shows_every_key_it_reads_with_its_help_and_bounds(project, capsys, name):
+    from tasks.common.params import fields_with_keys, load_params
+    from tasks.common.registry import parse_stage_name
+
+    assert main(["stage", name, "--help"]) == 0
+    text = capsys.readouterr().out
+    kind, _ = parse_stage_name(name)
+    section = getattr(load_params(), kind.section)
+    for key, info, value in fields_with_keys(section, f"{kind.section}."):
+        assert f"  {key} = {json.dumps(value)}" in text and info.description in text, key
+    if kind.section == "sft":
+        assert "  sft.lr = 0.002 [> 0]" in text
 
 
 def test_a_reward_model_weighted_zero_is_no_reward_model_in_a_stage_that_does_not_read_one(project):

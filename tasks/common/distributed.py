@@ -16,6 +16,7 @@ worker that dies fails the stage naming the worker and its node (the last checkp
 """
 
 import contextlib
+import functools
 import os
 import socket
 import threading
@@ -112,6 +113,31 @@ def data_parallel(model: torch.nn.Module, strategy: str, rank: Rank) -> torch.nn
     if strategy == "ddp":
         return DistributedDataParallel(model)
     return shard_in_place(model)
+
+
+class _Step(torch.nn.Module):
+    """``step(model, *args)`` as a module's forward, for DDP to wrap whole."""
+
+    def __init__(self, model: torch.nn.Module, step: Callable[..., Any]):
+        super().__init__()
+        self.model, self.step = model, step
+
+    def forward(self, *args: Any) -> Any:
+        return self.step(self.model, *args)
+
+
+def data_parallel_step(
+    model: torch.nn.Module, step: Callable[..., Any], strategy: str, rank: Rank
+) -> Callable[..., Any]:
+    """``step(model, *args)`` as this rank runs it: ``data_parallel`` for a step that needs more of the model than
+    calls of it (DPO's shared-prompt pass reads the model's config and gradient-checkpointing flag, which DDP's
+    wrapper does not have). With DDP, the wrapper holds the whole step instead, and still averages the gradients
+    once, in backward; alone or with FSDP2 (sharded in place), it is ``step`` on ``model`` itself."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if strategy == "ddp" and rank.world_size > 1:
+        return DistributedDataParallel(_Step(model, step))
+    return functools.partial(step, data_parallel(model, strategy, rank))
 
 
 def shard_in_place(model: torch.nn.Module) -> torch.nn.Module:

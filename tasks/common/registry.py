@@ -1,14 +1,20 @@
-"""Stage names resolved through the stage kinds the params schema declares (``config.StageKind``).
+"""Stage names and inputs, resolved through the stage kinds ``tasks/stages/kinds.py`` declares.
 
 A stage's name is its kind, then ``@`` and a target for kinds that take one: ``sft``,
-``eval@sft`` (the model it evaluates), ``grpo_final@1`` (the round).
+``eval@sft`` (the model it evaluates), ``grpo_final@1`` (the round). Its inputs are its kind's
+``reads``, each ``${...}`` resolved through params and the target.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from tasks.common.config import ConfigError, Params, StageKind, stage_kinds
+from tasks.common.config import ConfigError, Params
+from tasks.stages.kinds import StageKind, stage_kinds
 
 
 def usage_name(kind: StageKind) -> str:
@@ -20,23 +26,101 @@ def parse_stage_name(name: str) -> tuple[StageKind, str | None]:
     kinds = stage_kinds()
     kind_name, _, target = name.partition("@")
     if kind_name not in kinds:
-        known = ", ".join(usage_name(kind) for kind, _ in kinds.values())
+        known = ", ".join(usage_name(kind) for kind in kinds.values())
         raise ConfigError(f"unknown stage {name!r} (stages: {known})")
-    kind = kinds[kind_name][0]
+    kind = kinds[kind_name]
     if bool(kind.target) != bool(target):
         raise ConfigError(f"stage {name!r}: expected {usage_name(kind)!r}")
     return kind, target or None
 
 
-def run_stage(name: str, params: Params) -> None:
-    """Run the stage ``name`` (as dvc.yaml names it) with ``params``."""
-    kind, target = parse_stage_name(name)
-    module, _, function = kind.entry.partition(":")
-    stage = getattr(importlib.import_module(module), function)
-    stage(params, target) if target else stage(params)
-
-
 def model_kinds() -> tuple[list[str], list[str]]:
     """The stage kinds that train a model: (one model each, one model per round)."""
-    models = [kind for kind, _ in stage_kinds().values() if kind.writes == "model"]
+    models = [kind for kind in stage_kinds().values() if kind.writes == "model"]
     return [kind.name for kind in models if kind.target is None], [kind.name for kind in models if kind.target]
+
+
+def param_reference(read: str, section: str) -> str | None:
+    """The params key a read names: ``${init}`` a key of its own section (``sft.init``), ``${distill.teacher}``
+    another section's; None for a stage (``data``) or its target (``${model}``, ``${round}``, ``${round.policy}``)."""
+    if not read.startswith("${"):
+        return None
+    name = read[2:-1]
+    if name.partition(".")[0] in Params.__pydantic_fields__:
+        return name
+    return f"{section}.{name}" if "." not in name and name not in ("model", "round") else None
+
+
+def param_value(params: Params, key: str) -> Any:
+    value: Any = params
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def read_artifacts(kind: StageKind, params: Params, target: str | None = None) -> dict[str, str]:
+    """What a stage of ``kind`` reads, by input name, as artifact names (``data``, ``grpo``, ``rejection@1``,
+    ``sft_rs/1``): its declared reads, each ``${...}`` resolved through params and ``target``."""
+    resolved = {}
+    for name, read in kind.reads.items():
+        key = param_reference(read, kind.section)
+        if key is not None:
+            read = str(param_value(params, key))
+        elif target is not None:
+            read = read.replace("${round.policy}", params.rounds[target].policy if kind.target == "round" else "")
+            read = read.replace(f"${{{kind.target}}}", target)
+        resolved[name] = read
+    return resolved
+
+
+class StageInputs(Mapping[str, Path]):
+    """A stage's inputs by name, each an artifact directory resolved when the stage first asks for it: a stage that
+    does not need one this time (preferences of your own need no policy to sample) does not need it to exist."""
+
+    def __init__(self, artifacts: dict[str, str]) -> None:
+        self.artifacts = artifacts  # input name -> artifact name (``sft_rs@1``, ``data``)
+
+    def __getitem__(self, name: str) -> Path:
+        from tasks.common.artifacts import stage_dir, upstream_model
+
+        artifact = self.artifacts[name]
+        models, round_models = model_kinds()
+        upstream = artifact.replace("@", "/").partition("/")[0]
+        return upstream_model(artifact) if upstream in models or upstream in round_models else stage_dir(artifact)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.artifacts)
+
+    def __len__(self) -> int:
+        return len(self.artifacts)
+
+
+@dataclass(frozen=True)
+class StageRun:
+    """One stage to run: its name (``grpo_final@1``), kind, params and inputs (artifact directories by name)."""
+
+    name: str
+    kind: StageKind
+    params: Params
+    inputs: StageInputs
+    target: str | None = None
+
+    @property
+    def config(self) -> Any:
+        """The params section the stage runs with."""
+        return getattr(self.params, self.kind.section)
+
+
+def stage_run(name: str, params: Params) -> StageRun:
+    """The stage ``name`` with its inputs; an unknown round is refused before anything runs."""
+    kind, target = parse_stage_name(name)
+    if kind.target == "round" and target not in params.rounds:
+        raise ConfigError(f"stage {name!r}: no round {target!r} in rounds ({', '.join(params.rounds)})")
+    return StageRun(name, kind, params, StageInputs(read_artifacts(kind, params, target)), target)
+
+
+def run_stage(name: str, params: Params) -> None:
+    """Run the stage ``name`` (as dvc.yaml names it) with ``params``."""
+    run = stage_run(name, params)
+    module, _, function = run.kind.entry.partition(":")
+    getattr(importlib.import_module(module), function)(run)

@@ -1,7 +1,8 @@
-"""Pieces every training stage shares: determinism, the optimiser and schedule, resumable checkpoints, and the
-fixed-length training loop (``fit``)."""
+"""Pieces every training stage shares: determinism, the optimiser and schedule, resumable checkpoints, the
+fixed-length training loop (``fit``: SFT, DPO, the reward model) and writing what it trained."""
 
 import contextlib
+import copy
 import hashlib
 import json
 import os
@@ -16,14 +17,19 @@ import numpy as np
 import torch
 from dvclive import Live
 from tqdm.auto import tqdm
-from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
+from transformers import (
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    get_constant_schedule_with_warmup,
+    get_cosine_schedule_with_warmup,
+)
 
 from tasks.common.artifacts import CHECKPOINTS, atomic_output
 from tasks.common.config import OptimizationConfig
-from tasks.common.distributed import SINGLE, Rank, load_training_state, training_state
+from tasks.common.distributed import SINGLE, Rank, full_state_dict, load_training_state, training_state
 from tasks.common.errors import NonFiniteError, cause
 from tasks.common.flops import matmul_peak, mfu
-from tasks.common.tracking import log_step, write_perf
+from tasks.common.tracking import log_step, stage_live, write_perf
 
 DIVERGED = "diverged.json"  # beside a checkpoint: the run stopped on a non-finite quantity after saving it
 
@@ -187,9 +193,21 @@ class Checkpointer:
         config = {key: value for key, value in config.items() if key != "parallel"}
         self.stage = stage
         self.root = CHECKPOINTS / stage
-        inputs_digest = content_digest(inputs)  # a model directory can be gigabytes: read it once
-        self.path = self.root / fingerprint(config, inputs_digest) / "latest.pt"
-        self.recovery_key = fingerprint({k: v for k, v in config.items() if k not in RECOVERY_KNOBS}, inputs_digest)
+        self._inputs_digest = content_digest(inputs)  # a model directory can be gigabytes: read it once
+        self._locate(stage, config)
+
+    def _locate(self, label: str, config: dict[str, Any]) -> None:
+        self.label, self.config = label, config
+        self.path = self.root / fingerprint(config, self._inputs_digest) / "latest.pt"
+        recovery_config = {key: value for key, value in config.items() if key not in RECOVERY_KNOBS}
+        self.recovery_key = fingerprint(recovery_config, self._inputs_digest)
+
+    def part(self, name: str) -> "Checkpointer":
+        """The checkpointer of ``name``, one of several models a stage trains in turn (an ensemble's members): a
+        fingerprint of its own under the stage's, so each resumes apart and ``clear`` removes them all."""
+        part = copy.copy(self)
+        part._locate(f"{self.stage} {name}", {**self.config, "part": name})
+        return part
 
     def _stopped_runs(self) -> list[Path]:
         """Checkpoints of runs that stopped on a non-finite quantity and differ from this one in knobs only."""
@@ -207,14 +225,14 @@ class Checkpointer:
         checkpoint = torch.load(candidates[0], map_location="cpu", weights_only=False)
         note = "" if candidates[0] == self.path else ", kept when a run with other learning settings stopped"
         print(
-            f"{self.stage}: resuming from the checkpoint at step {checkpoint['step']} ({candidates[0]}{note})",
+            f"{self.label}: resuming from the checkpoint at step {checkpoint['step']} ({candidates[0]}{note})",
             flush=True,
         )
         return checkpoint
 
     def save(self, state: dict[str, Any]) -> None:
         """Write ``state`` (which holds its ``step``) unless a tensor in it is not finite."""
-        require_finite(state, f"{self.stage} step {state['step']}, before saving its checkpoint")
+        require_finite(state, f"{self.label} step {state['step']}, before saving its checkpoint")
         with atomic_output(self.path) as temporary:
             torch.save(state, temporary)
 
@@ -254,16 +272,22 @@ def fit(
     live: Live | None,
     rank: Rank = SINGLE,
     tokens_of: Callable[[int], int] | None = None,
+    keep_final: bool = False,
 ) -> list[tuple[int, dict[str, float]]]:
     """``cfg.max_steps`` AdamW steps on ``step_metrics(step)["loss"]`` with warm-up and cosine decay: the loop every
-    fixed-length training stage (SFT, DPO) runs. It resumes from ``checkpointer`` bit-for-bit (weights, optimiser,
-    schedule, RNG, step, metric history; the data position follows from the step), logs the mean of every metric
-    ``step_metrics`` returns over each ``log_every`` steps (with the gradient norm and the learning rate), saves a
-    checkpoint every ``save_every`` steps, and stops on a non-finite loss, gradient or weight. Returns the history.
+    fixed-length training stage (SFT, DPO, the reward model) runs. It resumes from ``checkpointer`` bit-for-bit
+    (weights, optimiser, schedule, RNG, step, metric history; the data position follows from the step), logs the
+    mean of every metric ``step_metrics`` returns over each ``log_every`` steps (with the gradient norm and the
+    learning rate), saves a checkpoint every ``save_every`` steps, and stops on a non-finite loss, gradient or
+    weight. Returns the history.
+
+    ``keep_final``: save a checkpoint after the last step too, for a stage that trains several models in turn (an
+    ensemble) and writes them only once all are trained: resumed after a kill, it finds the finished ones there.
 
     Data-parallel (``rank`` of a group): ``model`` is the unwrapped model (its state dict is the one-worker run's,
     so a checkpoint resumes with any number of workers) and ``step_metrics`` runs the wrapped one on this rank's
-    slice; the metrics logged are means over the ranks, and only rank 0 (``live`` None elsewhere) logs and saves.
+    slice; the metrics logged are means over the ranks, and only rank 0 saves and logs (``live`` None elsewhere;
+    None on rank 0 too when the caller logs the history itself).
 
     ``tokens_of(step)``: the real (unpadded) tokens of step's global batch; with it, rank 0 writes the run's
     throughput and MFU (``write_perf``; the first step, a warm-up, left out).
@@ -275,7 +299,7 @@ def fit(
         restore_training_state(model, optimizer, scheduler, checkpoint)
         set_rng_state(checkpoint["rng"])
         start_step, history, interval = checkpoint["step"], checkpoint["history"], checkpoint["interval"]
-    if rank.is_main:
+    if live is not None:
         for logged_step, metrics in history:
             log_step(live, logged_step, metrics)
     steps = range(start_step, cfg.max_steps)
@@ -303,11 +327,11 @@ def fit(
                 logged = {name: round(total / interval["steps"], 6) for name, total in interval["sums"].items()}
                 logged |= {"grad_norm": round(grad_norm.item(), 6), "lr": scheduler.get_last_lr()[0]}
                 history.append((done, logged))
-                if rank.is_main:
+                if live is not None:
                     log_step(live, done, logged)
                 progress.set_postfix(loss=logged["loss"])
                 interval = {"sums": {}, "steps": 0}
-            if done % cfg.save_every == 0 and done < cfg.max_steps:
+            if (done % cfg.save_every == 0 and done < cfg.max_steps) or (keep_final and done == cfg.max_steps):
                 weights, moments = training_state(model, optimizer)  # gathered from every rank when sharded
                 if rank.is_main:
                     checkpointer.save(
@@ -322,6 +346,20 @@ def fit(
                         }
                     )
         require_finite(model.state_dict(), f"{stage} after step {cfg.max_steps}, before saving the model")
-    if rank.is_main and throughput.seconds:
+    if live is not None and throughput.seconds:
         write_perf(live, throughput.numbers(parameters, torch.get_num_threads(), rank.world_size))
     return history
+
+
+def rank_live(stage: str, rank: Rank) -> contextlib.AbstractContextManager[Live | None]:
+    """``stage_live(stage)`` on rank 0, which alone logs; None on the other ranks."""
+    return stage_live(stage) if rank.is_main else contextlib.nullcontext()
+
+
+def save_trained(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out: Path, rank: Rank) -> None:
+    """Write ``model`` and ``tokenizer`` to ``out`` from rank 0. Every rank calls it: a sharded model's weights are
+    gathered first, a collective."""
+    weights = full_state_dict(model, rank)
+    if rank.is_main:
+        model.save_pretrained(out, state_dict=weights)
+        tokenizer.save_pretrained(out)

@@ -5,9 +5,11 @@ that count and 0.0 on prompt and padding tokens.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
+from torch import Tensor
+
+from tasks.common.registry_type import Registry
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -15,12 +17,15 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``values`` over the positions where ``mask`` is 1 (0 when the mask is empty).
+def masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``values`` with 0 where ``mask`` is 0: padding is selected away, not multiplied by zero, so inf or nan there
+    cannot leak in."""
+    return torch.where(mask.bool(), values, 0)
 
-    Padding is selected away, not multiplied by zero, so inf or nan there cannot leak in.
-    """
-    return torch.where(mask.bool(), values, 0).sum() / mask.sum().clamp(min=1)
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``values`` over the positions where ``mask`` is 1 (0 when the mask is empty)."""
+    return masked(values, mask).sum() / mask.sum().clamp(min=1)
 
 
 def sft_loss(
@@ -51,24 +56,27 @@ def pass_at_k(num_samples: int, num_correct: torch.Tensor, k: int) -> torch.Tens
 # right-padded; ``mask`` marks real tokens.
 
 
+# KL estimators by name (an RL stage's ``kl_loss`` param picks one, or none).
+KL_ESTIMATORS: Registry[Callable[[Tensor, Tensor], Tensor]] = Registry("KL estimator")
+
+
+@KL_ESTIMATORS.register("k1")
 def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """log π/π_ref per sampled token: unbiased for KL(π‖π_ref) under samples from π, but can be negative."""
     return logprobs - ref_logprobs
 
 
+@KL_ESTIMATORS.register("k2")
 def kl_k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """½ (log π/π_ref)²: low variance, biased."""
     return 0.5 * (logprobs - ref_logprobs) ** 2
 
 
+@KL_ESTIMATORS.register("k3")
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """π_ref/π − 1 − log(π_ref/π): unbiased and never negative (Schulman, 2020)."""
     log_ratio = ref_logprobs - logprobs
     return torch.expm1(log_ratio) - log_ratio
-
-
-# KL estimators by name (an RL stage's ``kl_loss`` param picks one, or none).
-KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 
 def last_token_index(mask: torch.Tensor) -> torch.Tensor:
@@ -153,33 +161,12 @@ def adaptive_kl_coef(coef: float, kl: float, target: float, horizon: int, num_re
 # They return per-token advantages (B, T), zero on padding, and the critic's regression
 # targets (None without a critic). Group statistics are reshapes to (B / G, G), never loops.
 
-AdvantageEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 GROUP_STD_EPS = 1e-6
-
-
-@dataclass(frozen=True)
-class RegisteredEstimator:
-    """An advantage estimator and what it needs from the trainer, which reads these flags instead of names."""
-
-    compute: AdvantageEstimator
-    needs_critic: bool  # takes the critic's values (the trainer then runs a critic role and trains it)
-    compares_group: bool  # compares the G responses of a prompt, so it needs group_size >= 2
-
-    def __call__(self, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return self.compute(*args, **kwargs)
-
-
-ADVANTAGE_ESTIMATORS: dict[str, RegisteredEstimator] = {}
-
-
-def register_advantage(
-    name: str, needs_critic: bool = False, compares_group: bool = False
-) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
-    def register(estimator: AdvantageEstimator) -> AdvantageEstimator:
-        ADVANTAGE_ESTIMATORS[name] = RegisteredEstimator(estimator, needs_critic, compares_group)
-        return estimator
-
-    return register
+# needs_critic: takes the critic's values (the trainer then runs a critic role and trains it);
+# compares_group: compares the G responses of a prompt, so it needs group_size >= 2.
+ADVANTAGE_ESTIMATORS: Registry[Callable[..., tuple[Tensor, Tensor | None]]] = Registry(
+    "advantage estimator", needs_critic=False, compares_group=False
+)
 
 
 def sequence_rewards(token_rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -205,7 +192,7 @@ def _centred(groups: torch.Tensor) -> torch.Tensor:
     )
 
 
-@register_advantage("grpo", compares_group=True)
+@ADVANTAGE_ESTIMATORS.register("grpo", compares_group=True)
 def grpo_advantages(token_rewards, mask, group_size, **_) -> tuple[torch.Tensor, None]:
     """(r − group mean) / group std (Shao et al., 2024); the population std, so a group's advantages have std 1."""
     groups = _groups(sequence_rewards(token_rewards, mask), group_size)
@@ -213,14 +200,14 @@ def grpo_advantages(token_rewards, mask, group_size, **_) -> tuple[torch.Tensor,
     return _per_token(normalised.flatten(), mask), None
 
 
-@register_advantage("dr_grpo", compares_group=True)
+@ADVANTAGE_ESTIMATORS.register("dr_grpo", compares_group=True)
 def dr_grpo_advantages(token_rewards, mask, group_size, **_) -> tuple[torch.Tensor, None]:
     """r − group mean, without the std division that favours groups of nearly equal rewards (Liu et al., 2025)."""
     groups = _groups(sequence_rewards(token_rewards, mask), group_size)
     return _per_token(_centred(groups).flatten(), mask), None
 
 
-@register_advantage("rloo", compares_group=True)
+@ADVANTAGE_ESTIMATORS.register("rloo", compares_group=True)
 def rloo_advantages(token_rewards, mask, group_size, **_) -> tuple[torch.Tensor, None]:
     """r_i − mean of the other G − 1 rewards of its group (Ahmadian et al., 2024), i.e. G/(G−1)·(r_i − group mean)."""
     if group_size < 2:
@@ -229,7 +216,7 @@ def rloo_advantages(token_rewards, mask, group_size, **_) -> tuple[torch.Tensor,
     return _per_token((_centred(groups) * group_size / (group_size - 1)).flatten(), mask), None
 
 
-@register_advantage("reinforce_pp")
+@ADVANTAGE_ESTIMATORS.register("reinforce_pp")
 def reinforce_pp_advantages(token_rewards, mask, group_size, gamma=1.0, **_) -> tuple[torch.Tensor, None]:
     """REINFORCE++ (Hu, 2025): each token's discounted return-to-go, whitened over the whole batch's tokens."""
     returns = torch.zeros_like(token_rewards)
@@ -240,7 +227,7 @@ def reinforce_pp_advantages(token_rewards, mask, group_size, gamma=1.0, **_) -> 
     return whiten(returns * mask, mask), None
 
 
-@register_advantage("gae", needs_critic=True)
+@ADVANTAGE_ESTIMATORS.register("gae", needs_critic=True)
 def gae_advantages(
     token_rewards, mask, group_size, values, gamma=1.0, lam=1.0, **_
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -262,92 +249,87 @@ def overlong_penalty(lengths: torch.Tensor, truncated: torch.Tensor, max_length:
     return torch.where(truncated, torch.full_like(soft, -1.0), soft.clamp(min=-1.0))
 
 
-# --- Policy losses, registered by name (an RL stage's ``policy_loss`` param picks one). All take
-# (log π_θ, log π_old, advantages, mask) over response tokens and the clip range, and return
-# (loss, fraction of tokens or sequences where the clip is active).
+# --- Policy losses in two registered parts (verl's compute_policy_loss and agg_loss). A surrogate (an RL stage's
+# ``policy_loss``) gives every response token its loss: it takes (log π_θ, log π_old, advantages, mask) over
+# response tokens and the clip range, and returns per-token (losses, whether the clip binds), (B, T) each, whatever
+# it likes on padding. An aggregation mode (``loss_agg_mode``) reduces those losses to the minibatch's, padding
+# selected away; any surrogate goes with any mode.
 
-PolicyLoss = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-
-
-@dataclass(frozen=True)
-class RegisteredPolicyLoss:
-    """A policy loss and what its batch mean divides by, which data-parallel workers read to weight their shares
-    of a minibatch so that the averaged gradient is the whole minibatch's."""
-
-    compute: PolicyLoss
-    per: str  # "tokens": a mean over the minibatch's tokens; "sequences": over its responses (or a multiple of them)
-
-    def __call__(self, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.compute(*args, **kwargs)
+POLICY_LOSSES: Registry[Callable[..., tuple[Tensor, Tensor]]] = Registry("policy loss")
+# per: what a mode's loss is a mean over, "tokens" or "sequences" (the responses, or a multiple of them), which
+# data-parallel workers read to weight their shares of a minibatch so that the averaged gradient is the whole's.
+LOSS_AGG_MODES: Registry[Callable[..., Tensor]] = Registry("loss aggregation mode", per="tokens")
 
 
-POLICY_LOSSES: dict[str, RegisteredPolicyLoss] = {}
+@LOSS_AGG_MODES.register("token_mean")
+def token_mean(loss_mat: Tensor, mask: Tensor, **_: object) -> Tensor:
+    """The mean over every token of the minibatch (DAPO's token-level loss): a long response weighs more."""
+    return masked_mean(loss_mat, mask)
 
 
-def register_policy_loss(name: str, per: str) -> Callable[[PolicyLoss], PolicyLoss]:
-    def register(loss: PolicyLoss) -> PolicyLoss:
-        POLICY_LOSSES[name] = RegisteredPolicyLoss(loss, per)
-        return loss
-
-    return register
+@LOSS_AGG_MODES.register("seq_mean_token_mean", per="sequences")
+def seq_mean_token_mean(loss_mat: Tensor, mask: Tensor, **_: object) -> Tensor:
+    """Each response's mean over its tokens, then the mean over responses (GRPO as published)."""
+    return (masked(loss_mat, mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
 
 
-def _clipped_terms(logprobs, old_logprobs, advantages, mask, eps_low, eps_high) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token max(−Â·ρ, −Â·clip(ρ)) and whether the clip binds; ρ is formed on real tokens only."""
-    ratio = torch.exp(torch.where(mask.bool(), logprobs - old_logprobs, 0))
+@LOSS_AGG_MODES.register("seq_mean_token_sum_norm", per="sequences")
+def seq_mean_token_sum_norm(loss_mat: Tensor, mask: Tensor, max_length: int, **_: object) -> Tensor:
+    """The sum over every token divided by a constant, B × max_length (Dr. GRPO): no response-length
+    normalisation, so long wrong answers are not penalised less per token."""
+    return masked(loss_mat, mask).sum() / (mask.shape[0] * max_length)
+
+
+def agg_loss(loss_mat: Tensor, mask: Tensor, mode: str, max_length: int | None = None) -> Tensor:
+    """Per-token losses (B, T) reduced to a scalar by the registered aggregation ``mode`` (``max_length``: the
+    longest response a rollout may have, which ``seq_mean_token_sum_norm`` divides by)."""
+    return LOSS_AGG_MODES[mode](loss_mat, mask, max_length=max_length)
+
+
+def _ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """ρ = π/π_old per token, formed on real tokens only (padding's garbage cannot overflow it)."""
+    return torch.exp(masked(logprobs - old_logprobs, mask))
+
+
+def _clipped(advantages: Tensor, ratio: Tensor, eps_low: float, eps_high: float) -> tuple[Tensor, Tensor]:
+    """max(−Â·ρ, −Â·clip(ρ, 1−ε_low, 1+ε_high)) and whether the clip binds (ε_high > ε_low: DAPO's clip-higher)."""
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1 - eps_low, 1 + eps_high)
     return torch.maximum(unclipped, clipped), (clipped > unclipped).float()
 
 
-@register_policy_loss("token_mean", per="tokens")
-def clipped_policy_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, **_):
-    """PPO's clipped surrogate, averaged over every token of the batch (DAPO's token-level loss).
-
-    ρ = π/π_old is clipped to [1−ε_low, 1+ε_high] (ε_high > ε_low is DAPO's clip-higher).
-    """
-    terms, clipped = _clipped_terms(logprobs, old_logprobs, advantages, mask, eps_low, eps_high)
-    return masked_mean(terms, mask), masked_mean(clipped, mask)
+@POLICY_LOSSES.register("ppo")
+def ppo_surrogate(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, eps_low: float, eps_high: float
+) -> tuple[Tensor, Tensor]:
+    """PPO's clipped surrogate on each token's ratio."""
+    return _clipped(advantages, _ratio(logprobs, old_logprobs, mask), eps_low, eps_high)
 
 
-@register_policy_loss("seq_mean", per="sequences")
-def seq_mean_policy_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, **_):
-    """The clipped surrogate averaged over each response's tokens, then over responses (GRPO as published)."""
-    terms, clipped = _clipped_terms(logprobs, old_logprobs, advantages, mask, eps_low, eps_high)
-    per_sequence = (terms * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-    return per_sequence.mean(), masked_mean(clipped, mask)
-
-
-@register_policy_loss("dr_grpo", per="sequences")
-def dr_grpo_policy_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, max_length, **_):
-    """The clipped surrogate summed over tokens and divided by a constant, B × max_length (Dr. GRPO):
-    no response-length normalisation, so long wrong answers are not penalised less per token."""
-    terms, clipped = _clipped_terms(logprobs, old_logprobs, advantages, mask, eps_low, eps_high)
-    return (terms * mask).sum() / (mask.shape[0] * max_length), masked_mean(clipped, mask)
-
-
-def sequence_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def sequence_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
     """GSPO's sequence importance weight exp(mean_t log π/π_old): (B, T) -> (B,)."""
-    log_ratio = torch.where(mask.bool(), logprobs - old_logprobs, 0).sum(-1) / mask.sum(-1).clamp(min=1)
+    log_ratio = masked(logprobs - old_logprobs, mask).sum(-1) / mask.sum(-1).clamp(min=1)
     return torch.exp(log_ratio)
 
 
-@register_policy_loss("gspo", per="sequences")
-def gspo_policy_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, **_):
-    """GSPO (Zheng et al., 2025): the clipped surrogate on the length-normalised sequence ratio; returns the
-    fraction of sequences clipped."""
-    ratio = sequence_ratio(logprobs, old_logprobs, mask)
-    sequence_advantages = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-    unclipped = -sequence_advantages * ratio
-    clipped = -sequence_advantages * ratio.clamp(1 - eps_low, 1 + eps_high)
-    return torch.maximum(unclipped, clipped).mean(), (clipped > unclipped).float().mean()
+@POLICY_LOSSES.register("gspo")
+def gspo_surrogate(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, eps_low: float, eps_high: float
+) -> tuple[Tensor, Tensor]:
+    """GSPO (Zheng et al., 2025): the clipped surrogate on the length-normalised sequence ratio and the response's
+    mean advantage, the same on every token of the response (``seq_mean_token_mean`` is then the paper's loss)."""
+    sequence_advantages = masked(advantages, mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    losses, clipped = _clipped(sequence_advantages, sequence_ratio(logprobs, old_logprobs, mask), eps_low, eps_high)
+    return losses[:, None].expand_as(mask), clipped[:, None].expand_as(mask)
 
 
-@register_policy_loss("cispo", per="tokens")
-def cispo_policy_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, **_):
+@POLICY_LOSSES.register("cispo")
+def cispo_surrogate(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, eps_low: float, eps_high: float
+) -> tuple[Tensor, Tensor]:
     """CISPO (MiniMax, 2025): −sg(clip(ρ))·Â·log π per token. The importance weight is clipped and detached,
     so every token keeps a gradient through log π, however far its ratio has moved."""
-    ratio = torch.exp(torch.where(mask.bool(), logprobs - old_logprobs, 0))
+    ratio = _ratio(logprobs, old_logprobs, mask)
     weight = ratio.clamp(1 - eps_low, 1 + eps_high).detach()
     clipped = ((ratio < 1 - eps_low) | (ratio > 1 + eps_high)).float()
-    return masked_mean(-weight * advantages * logprobs, mask), masked_mean(clipped, mask)
+    return -weight * advantages * logprobs, clipped

@@ -18,46 +18,22 @@ per-token divergence (B, T), zero on padding; ``mask`` (B, T) is 1.0 on real res
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
-DistillLoss = Callable[..., torch.Tensor]
+from tasks.common.registry_type import Registry
+from tasks.rl.core_algos import masked
+
+# full_vocabulary, which the trainer reads instead of the loss's name. True: takes both models' logits over the
+# vocabulary and is minimised directly in the actor's update. False: takes the log-probs of the sampled tokens, and
+# its negation is a per-token advantage.
+DISTILL_LOSSES: Registry[Callable[..., torch.Tensor]] = Registry("distillation loss", full_vocabulary=False)
 
 
-@dataclass(frozen=True)
-class RegisteredDistillLoss:
-    """A divergence and what the trainer needs for it, which it reads instead of the loss's name."""
-
-    compute: DistillLoss
-    # True: takes both models' logits over the vocabulary and is minimised directly in the actor's update.
-    # False: takes the log-probs of the sampled tokens, and its negation is a per-token advantage.
-    full_vocabulary: bool
-
-    def __call__(self, student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, **knobs) -> torch.Tensor:
-        return self.compute(student, teacher, mask, **knobs)
-
-
-DISTILL_LOSSES: dict[str, RegisteredDistillLoss] = {}
-
-
-def register_distill_loss(name: str, full_vocabulary: bool) -> Callable[[DistillLoss], DistillLoss]:
-    def register(loss: DistillLoss) -> DistillLoss:
-        DISTILL_LOSSES[name] = RegisteredDistillLoss(loss, full_vocabulary)
-        return loss
-
-    return register
-
-
-def _masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Padding selected away (whatever it holds, even inf or nan)."""
-    return torch.where(mask.bool(), values, 0)
-
-
-@register_distill_loss("reverse_kl", full_vocabulary=False)
+@DISTILL_LOSSES.register("reverse_kl", full_vocabulary=False)
 def reverse_kl(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, mask: torch.Tensor, **_):
     """(B, T): log π_s(y_t) − log π_t(y_t) of the sampled tokens, an unbiased estimate of KL(π_s ‖ π_t) per token."""
-    return _masked(student_logprobs - teacher_logprobs, mask)
+    return masked(student_logprobs - teacher_logprobs, mask)
 
 
 def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
@@ -70,7 +46,7 @@ def kl_divergence(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
     return (log_p.exp() * (log_p - log_q)).sum(-1)
 
 
-@register_distill_loss("gkd", full_vocabulary=True)
+@DISTILL_LOSSES.register("gkd", full_vocabulary=True)
 def generalized_jsd(
     student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor, beta: float = 0.5, **_
 ) -> torch.Tensor:
@@ -91,7 +67,7 @@ def generalized_jsd(
         teacher_to_mixture = -(teacher.exp() * mixture_over_teacher).sum(-1)
         student_to_mixture = -(student.exp() * mixture_over_student).sum(-1)
         divergence = teacher_to_mixture / (1 - beta) + student_to_mixture / beta
-    return _masked(divergence.clamp(min=0), mask)
+    return masked(divergence.clamp(min=0), mask)
 
 
 # Past this log-ratio the sum is far from 0 and logaddexp is accurate; expm1 would overflow float32 past 88.

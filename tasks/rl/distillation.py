@@ -6,7 +6,7 @@ prompts through its rollout engine, and the teacher reads every token the studen
 - a sampled-token loss (``reverse_kl``): log π_t − log π_s at each sampled token, with π_s the policy that
   sampled it, is a dense per-token advantage, trained by the policy loss (``policy_loss``) as any advantage is;
 - a full-vocabulary loss (``gkd``): the teacher's logits at every response position, and the actor minimises
-  the divergence to them in its update, beside the policy loss.
+  the divergence to them in its update, beside the policy loss (``distillation_loss``).
 
 ``reward_coef`` > 0 adds the verifier's scalar reward (``rewards`` through the ``advantage`` estimator) to those
 advantages: the dense distillation signal plus a task reward. With ``lmbda`` < 1 a fraction 1 − λ of the
@@ -16,6 +16,7 @@ samples (GKD's mixture; a full-vocabulary loss only, since a sampled-token estim
 
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -24,11 +25,20 @@ from tasks.common.config import DistillConfig
 from tasks.common.training import epoch_batch
 from tasks.data.datasets import DatasetError, read_examples
 from tasks.data.problems import Example
-from tasks.rl.core_algos import ADVANTAGE_ESTIMATORS, shaped_rewards
+from tasks.rl.core_algos import ADVANTAGE_ESTIMATORS, masked_mean, shaped_rewards
 from tasks.rl.distill_losses import DISTILL_LOSSES
+from tasks.rl.learner import (
+    Learner,
+    LoopState,
+    Rollout,
+    policy_metrics,
+    prepare_scores,
+    sampled_logprobs,
+)
+from tasks.rl.placement import Roles
+from tasks.rl.policy_gradient import policy_gradient_loss
 from tasks.rl.sequences import finished_response_ids
-from tasks.rl.trainer import Learner, LoopState, Rollout, policy_metrics, prepare_scores, sampled_logprobs
-from tasks.rl.workers import Worker, updates_per_rollout
+from tasks.rl.workers import ActorLoss, Metrics, Minibatch, old_logprobs_source
 from tasks.rollout.engine import Completion
 
 
@@ -36,27 +46,33 @@ def distill_roles(cfg: DistillConfig) -> set[str]:
     return {"teacher"} | ({"reference"} if cfg.kl_loss != "none" else set())
 
 
+def distillation_loss(minibatch: Minibatch, cfg: DistillConfig, kl_coef: float) -> tuple[torch.Tensor, Metrics]:
+    """The policy-gradient loss plus the full-vocabulary divergence ``distill_loss`` to the teacher's logits
+    (``teacher_logits`` (B, T, V), over the teacher's vocabulary: a checkpoint may pad the student's)."""
+    loss, metrics = policy_gradient_loss(minibatch, cfg, kl_coef)
+    teacher = minibatch.inputs["teacher_logits"]
+    student = minibatch.logits[..., : teacher.shape[-1]]
+    mask = minibatch.mask
+    divergence = masked_mean(DISTILL_LOSSES[cfg.distill_loss](student, teacher, mask, beta=cfg.jsd_beta), mask)
+    return loss + minibatch.per_token * divergence, metrics | {"divergence": (divergence, minibatch.per_token)}
+
+
 def learn_distillation(
-    roles: dict[str, Worker],
-    rollout: Rollout,
-    tokenizer,
-    cfg: DistillConfig,
-    state: LoopState,
-    clock: dict[str, float],
+    roles: Roles, rollout: Rollout, tokenizer, cfg: DistillConfig, state: LoopState, clock: dict[str, float]
 ) -> dict[str, float]:
+    """The teacher's grades of every token of one rollout, then the student's update on them; returns the
+    iteration's training metrics."""
+    loss = DISTILL_LOSSES[cfg.distill_loss]
     started = time.perf_counter()
     batch = rollout.packed(tokenizer)
     mask = batch.response_mask
-    loss = DISTILL_LOSSES[cfg.distill_loss]
     teacher_call = roles["teacher"].call("logits" if loss.full_vocabulary else "logprobs", batch)
     reference_call = roles["reference"].call("logprobs", batch) if "reference" in roles else None
     sampled = sampled_logprobs(rollout.completions, mask) if rollout.on_policy else None
-    # One update on the responses the current policy sampled: π_old is the policy itself, its log-probs the
-    # update's own forward pass; otherwise the sampler's (on-policy) or a pass of the actor's (teacher data).
-    single_update = updates_per_rollout(len(mask), cfg) == 1 and cfg.sync_every == 1
-    old_logprobs = None
-    if not single_update:
-        old_logprobs = sampled if rollout.on_policy else roles["actor"].call("logprobs", batch).result()
+    source = old_logprobs_source(len(mask), cfg, rollout.on_policy)
+    old_logprobs = sampled if source == "engine" else None
+    if source == "actor":
+        old_logprobs = roles["actor"].call("logprobs", batch).result()
 
     advantages = torch.zeros_like(mask)
     if cfg.reward_coef and rollout.on_policy:
@@ -72,12 +88,11 @@ def learn_distillation(
         metrics["divergence"] = (divergence.sum() / mask.sum().clamp(min=1)).item()
     passed = time.perf_counter()
     clock["time/score"] += passed - started
-    full_vocabulary_targets = teacher if loss.full_vocabulary else None
-    update, old = (
-        roles["actor"]
-        .call("update", batch, old_logprobs, advantages, ref_logprobs, state.kl_coef, full_vocabulary_targets)
-        .result()
-    )
+    compute = distillation_loss if loss.full_vocabulary else policy_gradient_loss
+    teacher_logits = teacher if loss.full_vocabulary else None
+    rows = {"advantages": advantages, "ref_logprobs": ref_logprobs, "teacher_logits": teacher_logits}
+    call = roles["actor"].call("update", batch, ActorLoss(partial(compute, kl_coef=state.kl_coef)), rows, old_logprobs)
+    update, old = call.result()
     clock["time/train"] += time.perf_counter() - passed
     metrics |= update
     if rollout.on_policy:

@@ -20,11 +20,14 @@ An optional SFT term on the chosen response (``sft_weight``; RPO, Pang et al., 2
 ``preference_loss``. Shapes: P pairs; log-probs are float sums over real response tokens only.
 """
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch.nn.functional import logsigmoid, relu
+
+from tasks.common.registry_type import Registry
 
 
 @dataclass(frozen=True)
@@ -56,31 +59,9 @@ def sequence_logprobs(token_logprobs: torch.Tensor, mask: torch.Tensor) -> tuple
 
 
 Losses = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-PreferenceLossFunction = Callable[..., Losses]
-
-
-@dataclass(frozen=True)
-class RegisteredPreferenceLoss:
-    """A preference loss and what it needs, which the stages read instead of its name."""
-
-    compute: PreferenceLossFunction
-    needs_reference: bool  # reads the reference's log-probs (the dpo stage then needs dpo_reference)
-
-    def __call__(self, pairs: PairLogprobs, **knobs: float) -> Losses:
-        return self.compute(pairs, **knobs)
-
-
-PREFERENCE_LOSSES: dict[str, RegisteredPreferenceLoss] = {}
-
-
-def register_preference_loss(
-    name: str, needs_reference: bool = True
-) -> Callable[[PreferenceLossFunction], PreferenceLossFunction]:
-    def register(loss: PreferenceLossFunction) -> PreferenceLossFunction:
-        PREFERENCE_LOSSES[name] = RegisteredPreferenceLoss(loss, needs_reference)
-        return loss
-
-    return register
+# needs_reference: reads the reference's log-probs (the dpo stage then needs dpo_reference), which the stages read
+# instead of the loss's name.
+PREFERENCE_LOSSES: Registry[Callable[..., Losses]] = Registry("preference loss", needs_reference=True)
 
 
 def _ratio_rewards(pairs: PairLogprobs, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,13 +69,13 @@ def _ratio_rewards(pairs: PairLogprobs, beta: float) -> tuple[torch.Tensor, torc
     return beta * (pairs.chosen - pairs.ref_chosen).detach(), beta * (pairs.rejected - pairs.ref_rejected).detach()
 
 
-@register_preference_loss("dpo")
+@PREFERENCE_LOSSES.register("dpo")
 def dpo_loss(pairs: PairLogprobs, beta: float, **_) -> Losses:
     """−log σ(β h) (Rafailov et al., 2023)."""
     return -logsigmoid(beta * pairs.log_ratio_margin()), *_ratio_rewards(pairs, beta)
 
 
-@register_preference_loss("cdpo")
+@PREFERENCE_LOSSES.register("cdpo")
 def cdpo_loss(pairs: PairLogprobs, beta: float, label_smoothing: float, **_) -> Losses:
     """−(1−ε) log σ(β h) − ε log σ(−β h): DPO for labels that are wrong with probability ε."""
     logits = beta * pairs.log_ratio_margin()
@@ -102,32 +83,39 @@ def cdpo_loss(pairs: PairLogprobs, beta: float, label_smoothing: float, **_) -> 
     return losses, *_ratio_rewards(pairs, beta)
 
 
-@register_preference_loss("ipo")
+@PREFERENCE_LOSSES.register("ipo")
 def ipo_loss(pairs: PairLogprobs, beta: float, **_) -> Losses:
     """(h − 1/(2β))² (Azar et al., 2023): the margin is pulled to a finite target, not pushed without end."""
     return (pairs.log_ratio_margin() - 1 / (2 * beta)) ** 2, *_ratio_rewards(pairs, beta)
 
 
-@register_preference_loss("hinge")
+@PREFERENCE_LOSSES.register("hinge")
 def hinge_loss(pairs: PairLogprobs, beta: float, **_) -> Losses:
     """max(0, 1 − β h) (SLiC, Zhao et al., 2023)."""
     return relu(1 - beta * pairs.log_ratio_margin()), *_ratio_rewards(pairs, beta)
 
 
-@register_preference_loss("simpo", needs_reference=False)
+@PREFERENCE_LOSSES.register("simpo", needs_reference=False)
 def simpo_loss(pairs: PairLogprobs, beta: float, simpo_gamma: float, **_) -> Losses:
     """−log σ(β (mean log π(y_c) − mean log π(y_r)) − γ) (Meng et al., 2024): no reference."""
     chosen, rejected = beta * pairs.mean_chosen(), beta * pairs.mean_rejected()
     return -logsigmoid(chosen - rejected - simpo_gamma), chosen.detach(), rejected.detach()
 
 
+def log1mexp(x: torch.Tensor) -> torch.Tensor:
+    """log(1 − eˣ) for x < 0, accurate over the whole range (Mächler, 2012): near 0, 1 − eˣ = −expm1(x) keeps
+    the digits that 1 − exp(x) cancels away (log1p(−exp(x)) at x = −2e-6 is 1e-2 off in float32); far below,
+    log1p(−eˣ) keeps those that expm1 rounds to −1."""
+    return torch.where(x > -math.log(2), torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+
+
 def _log_odds(mean_logprob: torch.Tensor) -> torch.Tensor:
-    """log(p / (1 − p)) from log p < 0, stable near p = 1 (log1p of −p)."""
+    """log(p / (1 − p)) from log p < 0 (clamped below 0, where the odds of a certain response are infinite)."""
     mean_logprob = mean_logprob.clamp(max=-1e-6)
-    return mean_logprob - torch.log1p(-torch.exp(mean_logprob))
+    return mean_logprob - log1mexp(mean_logprob)
 
 
-@register_preference_loss("orpo", needs_reference=False)
+@PREFERENCE_LOSSES.register("orpo", needs_reference=False)
 def orpo_loss(pairs: PairLogprobs, beta: float, **_) -> Losses:
     """−mean log π(y_c) − β log σ(log odds(y_c) − log odds(y_r)) (Hong et al., 2024): no reference, no SFT stage."""
     chosen, rejected = _log_odds(pairs.mean_chosen()), _log_odds(pairs.mean_rejected())

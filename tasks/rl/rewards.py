@@ -40,6 +40,7 @@ from multiprocessing.connection import Connection
 
 import torch
 
+from tasks.common.registry_type import Registry
 from tasks.data.problems import Example, score_response
 from tasks.rl.core_algos import overlong_penalty
 
@@ -72,38 +73,35 @@ class RewardInputs:
 
 
 RewardFunction = Callable[[RewardInputs], Sequence[float]]
+BUILT_IN: Registry[RewardFunction] = Registry("built-in reward")
 
 
+@BUILT_IN.register("accuracy")
 def accuracy(batch: RewardInputs) -> list[float]:
     return [float(score_response(e, r)[1]) for e, r in zip(batch.examples, batch.responses, strict=True)]
 
 
+@BUILT_IN.register("format")
 def format_reward(batch: RewardInputs) -> list[float]:
     return [float(score_response(e, r)[0]) for e, r in zip(batch.examples, batch.responses, strict=True)]
 
 
+@BUILT_IN.register("length")
 def length(batch: RewardInputs) -> list[float]:
     return [1.0 - n / batch.max_new_tokens for n in batch.num_tokens]
 
 
+@BUILT_IN.register("overlong")
 def overlong(batch: RewardInputs) -> list[float]:
     return overlong_penalty(
         torch.tensor(batch.num_tokens), torch.tensor(batch.truncated), batch.max_new_tokens, batch.overlong_buffer
     ).tolist()
 
 
-BUILT_IN: dict[str, RewardFunction] = {
-    "accuracy": accuracy,
-    "format": format_reward,
-    "length": length,
-    "overlong": overlong,
-}
-
-
 def resolve(name: str) -> RewardFunction:
     """A built-in reward by name, or ``module:function`` imported; ValueError naming what is wrong."""
     if name in BUILT_IN:
-        return BUILT_IN[name]
+        return BUILT_IN[name].function
     module_name, _, function_name = name.partition(":")
     if not function_name:
         raise ValueError(f"{name!r} is neither a built-in reward ({', '.join(BUILT_IN)}) nor module:function")

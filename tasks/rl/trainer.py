@@ -12,17 +12,18 @@ One iteration, top to bottom:
    when the advantage estimator needs a critic;
 4. advantages: per-token rewards (the score at the last token, and −β·log π/π_ref at every token
    when the KL is in the reward) go through the ``advantage`` estimator;
-5. update: ``epochs`` passes of minibatches of ``policy_loss`` (plus β·KL when the KL is a loss);
-   the critic regresses on its returns;
+5. update: ``epochs`` passes of minibatches of ``policy_loss`` reduced by ``loss_agg_mode`` (plus β·KL when
+   the KL is a loss); the critic regresses on its returns;
 6. control: β follows the adaptive KL controller toward ``kl_target`` (or stays fixed); every
    ``ref_reset_every`` iterations the reference becomes the current policy.
 
-Steps 3-5 are the policy-gradient ``Learner``; a stage may hand ``train`` another (``online_dpo``'s
-preference update, ``tasks/rl/online_preference.py``; ``distill``'s, ``tasks/rl/distillation.py``, with a frozen
-teacher as one more role), which reuses the rollout, scoring, monitoring and checkpoints; a learner may also
-take some iterations' responses from a dataset instead of the policy (GKD's teacher batches). With
-``heldout_every``, the policy is also sampled on a fixed held-out slice before the first iteration and every
-``heldout_every`` after (``heldout/gold_reward``; ``dip`` and ``recovery_iterations``).
+Steps 3-5 are the policy-gradient ``Learner`` (``tasks/rl/policy_gradient.py``; what a learner is:
+``tasks/rl/learner.py``); a stage may hand ``train`` another (``online_dpo``'s preference update,
+``tasks/rl/online_preference.py``; ``distill``'s, ``tasks/rl/distillation.py``, with a frozen teacher as one more
+role), which reuses the rollout, scoring, monitoring and checkpoints; a learner may also take some iterations'
+responses from a dataset instead of the policy (GKD's teacher batches). With ``heldout_every``, the policy is also
+sampled on a fixed held-out slice before the first iteration and every ``heldout_every`` after
+(``heldout/gold_reward``; ``dip`` and ``recovery_iterations``).
 
 The gold judge (hidden from training) scores every rollout too, so reward hacking shows as the
 reward rising while the gold reward falls. A checkpoint every ``save_every`` iterations holds the
@@ -30,10 +31,8 @@ trained models and optimizers, the reference when it has been reset, β, reward 
 the prompt cursor and the metric history.
 """
 
-import math
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +41,7 @@ from tqdm.auto import tqdm
 
 from models import context_length, load_tokenizer, num_parameters
 from tasks.common.artifacts import DATA_DIR, atomic_output, model_dir
-from tasks.common.config import Params, RLConfig, stage_kinds, to_dict
+from tasks.common.config import Params, RLConfig, to_dict
 from tasks.common.errors import NonFiniteError, cause
 from tasks.common.flops import mfu
 from tasks.common.tracking import log_step, stage_live, write_perf
@@ -58,19 +57,13 @@ from tasks.common.training import (
 from tasks.data.datasets import check_prompt_lengths, read_examples
 from tasks.data.judge import gold_utility
 from tasks.data.problems import Example, score_response
-from tasks.rl.core_algos import (
-    ADVANTAGE_ESTIMATORS,
-    adaptive_kl_coef,
-    explained_variance,
-    informative_groups,
-    kl_k1,
-    masked_mean,
-    shaped_rewards,
-)
+from tasks.rl.core_algos import adaptive_kl_coef, informative_groups
+from tasks.rl.learner import Learner, LoopState, Rollout, RunningMoments
+from tasks.rl.placement import Roles, placed
+from tasks.rl.policy_gradient import POLICY_GRADIENT
 from tasks.rl.rewards import REWARD_MODEL, RewardInputs, RewardScorer
-from tasks.rl.sequences import PackedBatch, pack
-from tasks.rl.workers import Worker, placed, updates_per_rollout
-from tasks.rollout.engine import Completion, Sampling
+from tasks.rollout.engine import Sampling
+from tasks.stages.kinds import stage_kinds
 
 # Rewards beyond this are a bug in a reward function, not a signal: normalising them would overflow.
 REWARD_LIMIT = 1e6
@@ -78,137 +71,12 @@ HACKING_WINDOW = 10  # iterations compared when looking for reward up while gold
 HELDOUT = "heldout/gold_reward"  # the policy's gold reward on a fixed held-out slice, every heldout_every iterations
 
 
-@dataclass
-class RunningMoments:
-    """Mean and variance of every score seen so far (Chan et al.'s parallel update)."""
-
-    count: float = 0.0
-    mean: float = 0.0
-    var: float = 1.0
-
-    def update(self, values: torch.Tensor) -> None:
-        batch_mean, batch_var, n = values.mean().item(), values.var(unbiased=False).item(), len(values)
-        total = self.count + n
-        delta = batch_mean - self.mean
-        self.var = (self.count * self.var + n * batch_var + delta**2 * self.count * n / total) / total
-        self.mean += delta * n / total
-        self.count = total
-
-    def normalize(self, values: torch.Tensor) -> torch.Tensor:
-        return (values - self.mean) / math.sqrt(self.var + 1e-8)
-
-
-@dataclass
-class LoopState:
-    """What a resumed run needs besides the models: where it is, and what it has learned about its rewards."""
-
-    step: int = 0
-    cursor: int = 0  # prompt batches drawn so far (dynamic sampling draws more than one per iteration)
-    kl_coef: float = 0.0
-    moments: RunningMoments = field(default_factory=RunningMoments)
-    history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
-
-
-@dataclass
-class Rollout:
-    """Scored responses, ``group_size`` consecutive ones per prompt."""
-
-    examples: list[Example]  # the problem of each response
-    completions: list[Completion]
-    scores: torch.Tensor  # (N,) the weighted sum of the reward functions
-    components: dict[str, torch.Tensor]  # (N,) each reward function's own reward
-    failures: dict[str, int]
-    on_policy: bool = True  # False: responses taken from a dataset (a teacher's), not sampled from the policy
-
-    def packed(self, tokenizer, rows: list[int] | None = None) -> PackedBatch:
-        """The responses of ``rows`` (all by default) packed after their prompts, each distinct prompt tokenised
-        once (a group's responses share theirs)."""
-        rows = range(len(self.completions)) if rows is None else rows
-        prompt_ids = self._prompt_ids(tokenizer)
-        responses = [self.completions[row].token_ids for row in rows]
-        return pack([prompt_ids[self.examples[row].prompt] for row in rows], responses, tokenizer.pad_token_id)
-
-    def tokens(self, tokenizer) -> int:
-        """Real tokens of every row: its prompt's and its response's (what a training pass over it computes)."""
-        prompt_ids = self._prompt_ids(tokenizer)
-        return sum(
-            len(prompt_ids[e.prompt]) + len(c.token_ids) for e, c in zip(self.examples, self.completions, strict=True)
-        )
-
-    def _prompt_ids(self, tokenizer) -> dict[str, list[int]]:
-        """Each distinct prompt's token ids (a group's responses share theirs)."""
-        distinct = list(dict.fromkeys(example.prompt for example in self.examples))
-        return dict(zip(distinct, tokenizer(distinct)["input_ids"], strict=True))
-
-    def groups(self, keep: torch.Tensor, group_size: int) -> "Rollout":
-        rows = torch.arange(len(self.scores)).view(-1, group_size)[keep].flatten().tolist()
-        return Rollout(
-            [self.examples[i] for i in rows],
-            [self.completions[i] for i in rows],
-            self.scores[rows],
-            {name: values[rows] for name, values in self.components.items()},
-            self.failures,
-        )
-
-    @staticmethod
-    def join(parts: list["Rollout"]) -> "Rollout":
-        failures: dict[str, int] = {}
-        for part in parts:
-            for name, count in part.failures.items():
-                failures[name] = failures.get(name, 0) + count
-        return Rollout(
-            [e for part in parts for e in part.examples],
-            [c for part in parts for c in part.completions],
-            torch.cat([part.scores for part in parts]),
-            {name: torch.cat([part.components[name] for part in parts]) for name in parts[0].components},
-            failures,
-        )
-
-
-@dataclass(frozen=True)
-class Learner:
-    """What an iteration's scored rollout trains, and the roles besides the actor that it needs: the stage picks
-    one (``policy_gradient`` below, or the online preference update of ``tasks/rl/online_preference.py``)."""
-
-    roles: Callable[[RLConfig], set[str]]
-    learn: Callable[..., dict[str, float]]  # (roles, rollout, tokenizer, cfg, state, clock) -> metrics
-    # The responses of iteration i when they do not come from the policy (GKD's teacher batches): a Rollout, or
-    # None to sample as usual.
-    offline: Callable[[int], Rollout | None] | None = None
-    inputs: tuple[Path, ...] = ()  # files it reads besides the policy and the prompts: a resume must see the same
-
-
-def reward_roles(cfg: RLConfig) -> set[str]:
-    """The reward model's role, when the rewards weigh it."""
-    return {"reward"} if cfg.rewards.get(REWARD_MODEL, 0.0) else set()
-
-
-def needed_roles(cfg: RLConfig) -> set[str]:
-    """The roles besides the actor that this configuration uses."""
-    roles = set()
-    if ADVANTAGE_ESTIMATORS[cfg.advantage].needs_critic:
-        roles.add("critic")
-    if cfg.kl_in_reward or cfg.kl_loss != "none" or cfg.ref_reset_every:
-        roles.add("reference")
-    return roles | reward_roles(cfg)
-
-
-def prepare_scores(raw: torch.Tensor, cfg: RLConfig, moments: RunningMoments) -> torch.Tensor:
-    scores = raw
-    if cfg.reward_normalize:
-        moments.update(raw)
-        scores = moments.normalize(raw)
-    if cfg.reward_clip is not None:
-        scores = scores.clamp(-cfg.reward_clip, cfg.reward_clip)
-    return scores
-
-
 def score(
-    roles: dict[str, Worker], scorer: RewardScorer, examples: list[Example], cfg: RLConfig, clock: dict[str, float]
+    roles: Roles, scorer: RewardScorer, examples: list[Example], cfg: RLConfig, clock: dict[str, float]
 ) -> Rollout:
     """Roll out ``group_size`` responses per example and score them with every reward function."""
     started = time.perf_counter()
-    completions = roles["rollout"].call("generate", [e.prompt for e in examples]).result()
+    completions = roles["rollout"].generate([e.prompt for e in examples]).result()
     generated = time.perf_counter()
     per_response = [examples[c.prompt_index] for c in completions]
     texts = [c.text for c in completions]
@@ -245,7 +113,7 @@ def check_rewards(total: torch.Tensor, components: dict[str, torch.Tensor]) -> N
 
 
 def collect(
-    roles: dict[str, Worker],
+    roles: Roles,
     scorer: RewardScorer,
     examples: list[Example],
     cfg: RLConfig,
@@ -279,92 +147,6 @@ def collect(
     if groups_kept > cfg.rollout_batch_size:
         rollout = rollout.groups(torch.arange(groups_kept) < cfg.rollout_batch_size, cfg.group_size)
     return rollout, stats
-
-
-def learn(
-    roles: dict[str, Worker], rollout: Rollout, tokenizer, cfg: RLConfig, state: LoopState, clock: dict[str, float]
-) -> dict[str, float]:
-    """Advantages and updates on one scored rollout; returns the iteration's training metrics."""
-    started = time.perf_counter()
-    batch = rollout.packed(tokenizer)
-    mask = batch.response_mask
-    engine_logprobs = sampled_logprobs(rollout.completions, mask)
-    # One update per rollout: π_old is the actor as it is, and the update's own forward pass gives its
-    # log-probs; a pass beforehand would compute the same numbers (unless the KL is in the reward, which
-    # needs them before the advantages). Semi-online, the engine sampled with older weights: π_old is that
-    # policy, whose log-probs the engine reported, and the actor's own pass measures parity and KL.
-    semi_online = cfg.sync_every > 1
-    single_update = updates_per_rollout(len(mask), cfg) == 1 and not cfg.kl_in_reward and not semi_online
-    pending = {
-        name: roles[role].call(method, batch)
-        for name, role, method in _PASSES
-        if role in roles and not (single_update and name == "logprobs")
-    }
-    out = {name: call.result() for name, call in pending.items()}
-    current_logprobs = out.get("logprobs")
-    old_logprobs = engine_logprobs if semi_online else current_logprobs
-    ref_logprobs, values = out.get("ref_logprobs"), out.get("values")
-    passed = time.perf_counter()
-    clock["time/score"] += passed - started
-
-    scores = prepare_scores(rollout.scores, cfg, state.moments)
-    kl_penalty = state.kl_coef * kl_k1(old_logprobs, ref_logprobs) if cfg.kl_in_reward else None
-    token_rewards = shaped_rewards(scores, mask, kl_penalty)
-    advantages, returns = ADVANTAGE_ESTIMATORS[cfg.advantage](
-        token_rewards, mask, cfg.group_size, values=values, gamma=cfg.gamma, lam=cfg.lam
-    )
-    actor_update = roles["actor"].call("update", batch, old_logprobs, advantages, ref_logprobs, state.kl_coef)
-    critic_update = roles["critic"].call("update", batch, values, returns) if "critic" in roles else None
-    metrics, old_logprobs = actor_update.result()
-    if critic_update is not None:
-        metrics |= critic_update.result()
-    clock["time/train"] += time.perf_counter() - passed
-
-    trainer_logprobs = current_logprobs if semi_online else old_logprobs
-    engines = [c.engine for c in rollout.completions]
-    metrics |= policy_metrics(engine_logprobs, trainer_logprobs, ref_logprobs, mask, engines)
-    if ref_logprobs is not None:
-        metrics["kl_coef"] = state.kl_coef
-    if values is not None:
-        metrics["explained_variance"] = explained_variance(values, returns, mask).item()
-    return metrics
-
-
-POLICY_GRADIENT = Learner(needed_roles, learn)
-
-
-def sampled_logprobs(completions: list[Completion], mask: torch.Tensor) -> torch.Tensor:
-    """(B, T): the log-prob the rollout engine sampled each response token with."""
-    logprobs = torch.zeros_like(mask)
-    for row, completion in enumerate(completions):
-        logprobs[row, : len(completion.logprobs)] = torch.tensor(completion.logprobs)
-    return logprobs
-
-
-def policy_metrics(
-    engine_logprobs: torch.Tensor,
-    logprobs: torch.Tensor,
-    ref_logprobs: torch.Tensor | None,
-    mask: torch.Tensor,
-    engines: list[int] | None = None,
-) -> dict[str, float]:
-    """Parity (the engine's log-probs against the trainer's, per token; semi-online this includes the policy's
-    drift since the engine's last sync), response length, and the KL to the reference per response. ``engines``:
-    the replica that sampled each row; with more than one, each replica's parity too (``logprob_parity_engine_i``)."""
-    gap = (engine_logprobs - logprobs).abs()
-    metrics = {"logprob_parity": masked_mean(gap, mask).item(), "response_length": mask.sum(-1).mean().item()}
-    replicas = torch.tensor(engines or [0] * len(mask))
-    if len(replicas.unique()) > 1:
-        for replica in replicas.unique().tolist():
-            rows = replicas == replica
-            metrics[f"logprob_parity_engine_{replica}"] = masked_mean(gap[rows], mask[rows]).item()
-    if ref_logprobs is not None:
-        metrics["kl"] = (kl_k1(logprobs, ref_logprobs) * mask).sum(-1).mean().item()
-    return metrics
-
-
-# (output name, role, method) of the passes over a packed rollout, run concurrently across roles
-_PASSES = (("logprobs", "actor", "logprobs"), ("ref_logprobs", "reference", "logprobs"), ("values", "critic", "values"))
 
 
 def rollout_metrics(rollout: Rollout) -> dict[str, float]:
@@ -405,7 +187,7 @@ def alarms(history: list[tuple[int, dict[str, float]]], cfg: RLConfig) -> list[s
     return found
 
 
-def heldout_gold_reward(roles: dict[str, Worker], examples: list[Example], cfg: RLConfig, seed: int) -> float:
+def heldout_gold_reward(roles: Roles, examples: list[Example], cfg: RLConfig, seed: int) -> float:
     """The current policy's mean gold reward on ``examples``, sampled as the rollouts are, from its own ``seed``
     (the probe leaves the run's random streams, and so its training, as they were)."""
     sampling = Sampling(cfg.max_new_tokens, n=cfg.group_size, temperature=cfg.temperature)
@@ -441,7 +223,7 @@ def train(
     stage's dir."""
     make_deterministic(params.seed)
     examples = read_examples(train_file)
-    section = stage_kinds()[stage.partition("@")[0]][1]
+    section = stage_kinds()[stage.partition("@")[0]].section
     tokenizer = load_tokenizer(init_dir)
     check_prompt_lengths(
         examples,
@@ -491,8 +273,8 @@ def train(
                 if rollout is not None:
                     metrics |= rollout_metrics(rollout) if rollout.on_policy else {"offline_batch": 1.0}
                     metrics |= learner.learn(roles, rollout, tokenizer, cfg, state, clock)
-                    if engines_apart(roles):  # a sync, when one is due, hands the actor's weights to the engines
-                        roles["rollout"].call("load_weights", roles["actor"].call("weights_for_engines").ref())
+                    if roles["rollout"].apart:  # a sync, when one is due, hands the actor's weights to the engines
+                        roles["rollout"].load_weights(roles["actor"].call("weights_for_engines").ref())
                 if heldout and ((step + 1) % cfg.heldout_every == 0 or step + 1 == cfg.steps):
                     metrics[HELDOUT] = heldout_gold_reward(roles, heldout, cfg, params.seed + step + 1)
             except NonFiniteError as error:  # raised by a role (maybe on a Ray actor) that does not know the step
@@ -542,7 +324,7 @@ def train(
     checkpointer.clear()
 
 
-def _resume(roles: dict[str, Worker], checkpointer: Checkpointer, cfg: RLConfig) -> tuple[LoopState, dict | None]:
+def _resume(roles: Roles, checkpointer: Checkpointer, cfg: RLConfig) -> tuple[LoopState, dict | None]:
     """The loop's state, and the reference's weights when it has been reset: fresh, or from the checkpoint, whose
     models, optimisers and random states are loaded into the roles."""
     if (checkpoint := checkpointer.load()) is None:
@@ -550,10 +332,10 @@ def _resume(roles: dict[str, Worker], checkpointer: Checkpointer, cfg: RLConfig)
     for role in ("actor", "critic"):
         if role in roles:
             roles[role].call("load_state", checkpoint[role]).result()
-    if engines_apart(roles):
-        roles["rollout"].call("load_state", checkpoint["engines"]).result()
+    if roles["rollout"].apart:
+        roles["rollout"].load_state(checkpoint["engines"]).result()
         if cfg.sync_every == 1:  # the engines sample from the policy as it is
-            roles["rollout"].call("load_weights", roles["actor"].call("weights").ref()).result()
+            roles["rollout"].load_weights(roles["actor"].call("weights").ref()).result()
     if checkpoint["reference"] is not None:
         roles["reference"].call("load_weights", checkpoint["reference"]).result()
     set_rng_state(checkpoint["rng"])
@@ -569,15 +351,10 @@ def _latest(history: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
     return latest
 
 
-def engines_apart(roles: dict[str, Worker]) -> bool:
-    """Whether the rollout engines run apart from the actor (and take its weights after its updates)."""
-    return roles["rollout"] is not roles["actor"]
-
-
-def _checkpoint(roles: dict[str, Worker], state: LoopState, reference: dict | None) -> dict[str, Any]:
+def _checkpoint(roles: Roles, state: LoopState, reference: dict | None) -> dict[str, Any]:
     return {
         **{role: roles[role].call("state").result() for role in ("actor", "critic") if role in roles},
-        "engines": roles["rollout"].call("state").result() if engines_apart(roles) else None,
+        "engines": roles["rollout"].state().result() if roles["rollout"].apart else None,
         "reference": reference,
         "rng": rng_state(),
         "state": asdict(state),

@@ -1,1 +1,1 @@
-"""Stage entry points, one module per stage kind; the kinds are declared in ``tasks/common/config.py``."""
+"""Stage entry points, each called with its ``StageRun``; the kinds are declared in ``tasks/stages/kinds.py``."""

@@ -4,12 +4,12 @@ import torch
 
 from models import build_char_tokenizer, build_tiny_llama, load_policy, load_tokenizer
 from tasks.common.artifacts import atomic_output, model_dir
-from tasks.common.config import Params
+from tasks.common.registry import StageRun
 from tasks.common.tracking import stage_live
 
 
-def run(params: Params) -> None:
-    cfg = params.base
+def run(stage: StageRun) -> None:
+    params, cfg = stage.params, stage.config
     if cfg.model_path is None:
         tokenizer = build_char_tokenizer()
         model = build_tiny_llama(cfg, tokenizer, params.seed)

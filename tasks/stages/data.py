@@ -1,13 +1,13 @@
 """Stage `data`: the train and held-out splits, generated from the seed or read from shards of your own under data/."""
 
 from tasks.common.artifacts import DATA_DIR, atomic_output
-from tasks.common.config import Params
+from tasks.common.registry import StageRun
 from tasks.common.tracking import stage_live
 from tasks.data.datasets import generate_splits, read_shards, write_jsonl
 
 
-def run(params: Params) -> None:
-    cfg = params.data
+def run(stage: StageRun) -> None:
+    params, cfg = stage.params, stage.config
     # Every row of every shard of your own is validated before anything is generated or written.
     train = read_shards(cfg.train_file) if cfg.train_file else None
     test = read_shards(cfg.test_file) if cfg.test_file else None

@@ -6,20 +6,20 @@ The RL trainer's loop (``tasks/rl/trainer.py``) with the student as the actor, t
 """
 
 from models import load_tokenizer, vocabulary_mismatch
-from tasks.common.artifacts import DATA_DIR, stage_dir, upstream_model
-from tasks.common.config import ConfigError, Params
+from tasks.common.config import ConfigError
+from tasks.common.registry import StageRun
 from tasks.rl import trainer as rl
 from tasks.rl.distillation import distillation_learner
 
 
-def run(params: Params) -> None:
-    cfg = params.distill
-    teacher, student = upstream_model(cfg.teacher), upstream_model(cfg.init)
-    tokenizer = load_tokenizer(student)
-    if (mismatch := vocabulary_mismatch(tokenizer, load_tokenizer(teacher))) is not None:
+def run(stage: StageRun) -> None:
+    cfg, inputs = stage.config, stage.inputs
+    tokenizer = load_tokenizer(inputs["policy"])
+    if (mismatch := vocabulary_mismatch(tokenizer, load_tokenizer(inputs["teacher"]))) is not None:
         raise ConfigError(
             f"distill.teacher: the tokenizer of {cfg.teacher} is not the student's (distill.init={cfg.init}): "
             f"{mismatch}"
         )
-    learner = distillation_learner(cfg, stage_dir("teacher_data") / "train.jsonl", tokenizer, params.seed)
-    rl.train(params, cfg, "distill", student, DATA_DIR / "train.jsonl", [], learner, teacher)
+    learner = distillation_learner(cfg, inputs["teacher_data"] / "train.jsonl", tokenizer, stage.params.seed)
+    train_file = inputs["data"] / "train.jsonl"
+    rl.train(stage.params, cfg, stage.name, inputs["policy"], train_file, [], learner, inputs["teacher"])

@@ -4,7 +4,8 @@
 ``artifacts/preferences`` once, from ``dpo.init`` alone, into a versioned artifact; ``dpo`` then optimises
 the loss ``dpo.preference_loss`` (``tasks/rl/preference_losses.py``) from that same model, reading the reference's
 numbers instead of running the reference, so a change of beta or of the loss re-runs only the optimisation.
-The loop is ``tasks/common/training.py:fit`` (resumable, guarded against non-finite steps).
+The loop is ``tasks/common/training.py:fit`` (resumable, guarded against non-finite steps), on
+``dpo.parallel.num_workers`` data-parallel workers.
 
 Metrics: the training loss, implicit-reward accuracy and margin, the chosen and rejected responses'
 log-probs (a falling chosen log-prob is a known failure of DPO, likelihood displacement: the run warns),
@@ -12,6 +13,7 @@ and at the end the held-out ``preference_accuracy``: the implicit reward margin 
 judge's order (``tasks/data/judge.py:preference_metrics``).
 """
 
+import functools
 import hashlib
 from pathlib import Path
 
@@ -21,11 +23,12 @@ from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
 from models import context_length, load_policy, load_reference, load_tokenizer, resolve_device
-from tasks.common.artifacts import PREFERENCES_DIR, atomic_output, model_dir, stage_dir, upstream_model
+from tasks.common.artifacts import atomic_output, model_dir, stage_dir
 from tasks.common.config import DPOConfig, Params, to_dict
+from tasks.common.distributed import Rank, data_parallel_step, run_data_parallel
 from tasks.common.errors import MissingUpstreamError
-from tasks.common.tracking import stage_live
-from tasks.common.training import Checkpointer, epoch_batch, fit, make_deterministic
+from tasks.common.registry import StageRun
+from tasks.common.training import Checkpointer, epoch_batch, fit, make_deterministic, rank_live, save_trained
 from tasks.data.datasets import DatasetError, PreferencePair, read_preferences
 from tasks.data.judge import preference_metrics
 from tasks.rl.preference import TokenizedPair, pack_pairs, pair_logprobs, reference_logprobs, tokenize_pairs
@@ -42,19 +45,19 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _pairs(split: str) -> tuple[Path, list[PreferencePair]]:
-    source = PREFERENCES_DIR / f"{split}.jsonl"
+def _pairs(preferences: Path, split: str) -> tuple[Path, list[PreferencePair]]:
+    source = preferences / f"{split}.jsonl"
     return source, read_preferences(source)
 
 
-def run_reference(params: Params) -> None:
+def run_reference(stage: StageRun) -> None:
+    params, init = stage.params, stage.inputs["init"]
     make_deterministic(params.seed)
-    init = upstream_model(params.dpo.init)
     tokenizer, positions = load_tokenizer(init), context_length(init)
     model = load_reference(init, resolve_device(params.device))
     tensors, digests = {}, {}
     for split in SPLITS:
-        source, pairs = _pairs(split)
+        source, pairs = _pairs(stage.inputs["preferences"], split)
         tokenized = tokenize_pairs(pairs, tokenizer, source, positions)
         chosen, rejected = reference_logprobs(model, tokenized, tokenizer.pad_token_id, params.eval.batch_size)
         tensors |= {f"{split}.chosen": chosen.contiguous(), f"{split}.rejected": rejected.contiguous()}
@@ -65,14 +68,16 @@ def run_reference(params: Params) -> None:
     print(f"dpo_reference: log-probs of {len(tensors['train.chosen'])} training pairs under {init}", flush=True)
 
 
-def _reference(split: str, source: Path, init: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _reference(
+    split: str, source: Path, init: str, reference_file: Path = REFERENCE_FILE
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference's (chosen, rejected) log-probs of ``split``, checked to belong to these pairs and this model."""
-    if not REFERENCE_FILE.is_file():
-        raise MissingUpstreamError(f"{REFERENCE_FILE}: not there yet; run `alignflow stage dpo_reference` first")
-    with safe_open(REFERENCE_FILE, framework="pt") as stored:
+    if not reference_file.is_file():
+        raise MissingUpstreamError(f"{reference_file}: not there yet; run `alignflow stage dpo_reference` first")
+    with safe_open(reference_file, framework="pt") as stored:
         if stored.metadata()["model"] != init or stored.metadata()[split] != _digest(source):
             raise MissingUpstreamError(
-                f"{REFERENCE_FILE} holds the log-probs of other pairs or of another model than dpo.init={init!r}; "
+                f"{reference_file} holds the log-probs of other pairs or of another model than dpo.init={init!r}; "
                 "run `alignflow stage dpo_reference` again"
             )
         return stored.get_tensor(f"{split}.chosen"), stored.get_tensor(f"{split}.rejected")
@@ -118,31 +123,58 @@ def _chosen_trend(history: list[tuple[int, dict[str, float]]]) -> float:
     return history[-1][1]["chosen_logp"] - history[0][1]["chosen_logp"]
 
 
-def run(params: Params) -> None:
-    cfg = params.dpo
-    make_deterministic(params.seed)
-    init = upstream_model(cfg.init)
-    device = resolve_device(params.device)
+def run(stage: StageRun) -> None:
+    params, cfg, inputs = stage.params, stage.config, stage.inputs
+    init, preferences = inputs["init"], inputs["preferences"]
     tokenizer, positions = load_tokenizer(init), context_length(init)
     scorers = {}
     for split in SPLITS:
-        source, pairs = _pairs(split)
+        source, pairs = _pairs(preferences, split)
         tokenized = tokenize_pairs(pairs, tokenizer, source, positions)
-        scorers[split] = (
-            pairs,
-            PairScorer(cfg, tokenized, _reference(split, source, cfg.init), tokenizer.pad_token_id),
-        )
-    train_pairs, score_train = scorers["train"]
+        reference = _reference(split, source, cfg.init, inputs["reference"] / REFERENCE_FILE.name)
+        scorers[split] = (pairs, PairScorer(cfg, tokenized, reference, tokenizer.pad_token_id))
+    train_pairs, _ = scorers["train"]
     if len(train_pairs) < cfg.batch_size:
         raise DatasetError(
-            f"{PREFERENCES_DIR / 'train.jsonl'}: {len(train_pairs)} pairs, fewer than dpo.batch_size={cfg.batch_size}"
+            f"{preferences / 'train.jsonl'}: {len(train_pairs)} pairs, fewer than dpo.batch_size={cfg.batch_size}"
         )
-    model = load_policy(init, device)
+    checkpointer = Checkpointer(
+        "dpo", {"stage": "dpo", "seed": params.seed, **to_dict(cfg)}, [init, preferences, inputs["reference"]]
+    )
+    with atomic_output(model_dir("dpo")) as out:
+        work = functools.partial(_train_rank, params, init, scorers, checkpointer, out)
+        preference_accuracy, chosen_change = run_data_parallel(work, cfg.parallel, "dpo.parallel")
+    checkpointer.clear()
+    if chosen_change < -CHOSEN_FALL_WARNING:
+        print(
+            f"WARNING dpo: the chosen responses' log-prob fell {-chosen_change:.2f} nats over training "
+            "(likelihood displacement: both responses are pushed down); dpo.sft_weight > 0 holds it up",
+            flush=True,
+        )
+    print(f"dpo: held-out preference_accuracy={preference_accuracy:.3f}", flush=True)
+
+
+def _train_rank(
+    params: Params,
+    init: Path,
+    scorers: dict[str, tuple[list[PreferencePair], PairScorer]],
+    checkpointer: Checkpointer,
+    out: Path,
+    rank: Rank,
+) -> tuple[float, float] | None:
+    """One worker's share of ``run``: every rank builds the same model and trains on its share of each batch's
+    pairs (an equal share: the mean of the ranks' per-pair means is the batch's). Rank 0 writes the model and its
+    metrics and returns the held-out preference accuracy and how far the chosen log-prob moved."""
+    cfg = params.dpo
+    make_deterministic(params.seed)
+    model = load_policy(init, resolve_device(params.device))
     model.train()
+    train_pairs, score_train = scorers["train"]
+    score = data_parallel_step(model, score_train, cfg.parallel.strategy, rank)
 
     def step_metrics(step: int) -> dict[str, torch.Tensor]:
-        rows = epoch_batch(len(train_pairs), cfg.batch_size, step, params.seed)
-        losses, chosen, rejected, chosen_logp, rejected_logp = score_train(model, rows)
+        rows = epoch_batch(len(train_pairs), cfg.batch_size, step, params.seed)[rank.slice(cfg.batch_size)]
+        losses, chosen, rejected, chosen_logp, rejected_logp = score(rows)
         return {
             "loss": losses.mean(),
             "accuracy": (chosen > rejected).float().mean(),
@@ -151,33 +183,31 @@ def run(params: Params) -> None:
             "rejected_logp": rejected_logp.mean(),
         }
 
-    checkpointer = Checkpointer(
-        "dpo", {"stage": "dpo", "seed": params.seed, **to_dict(cfg)}, [init, PREFERENCES_DIR, REFERENCE_DIR]
-    )
-    with atomic_output(model_dir("dpo")) as out, stage_live("dpo") as live:
-        history = fit("dpo", model, cfg, step_metrics, checkpointer, live)
-        model.eval()
-        test_pairs, score_test = scorers["test"]
-        with torch.no_grad():
-            scored = [
-                score_test(model, list(range(start, min(start + cfg.batch_size, len(test_pairs)))))
-                for start in range(0, len(test_pairs), cfg.batch_size)
-            ]
-        chosen, rejected = (torch.cat([part[column] for part in scored]).cpu() for column in (1, 2))
-        held_out = preference_metrics(chosen, rejected, test_pairs)
+    with rank_live("dpo", rank) as live:
+        history = fit("dpo", model, cfg, step_metrics, checkpointer, live, rank)
+        held_out = _held_out(model, *scorers["test"], cfg.batch_size)
+        save_trained(model, load_tokenizer(init), out, rank)
+        if live is None:
+            return None
         for name, value in held_out.items():
             live.summary[f"heldout/{name}"] = round(value, 6)
-        live.summary["preference_accuracy"] = round(held_out.get("accuracy", held_out["label_accuracy"]), 6)
+        accuracy = live.summary["preference_accuracy"] = round(held_out.get("accuracy", held_out["label_accuracy"]), 6)
         chosen_change = _chosen_trend(history)
         live.summary["chosen_logp_change"] = round(chosen_change, 6)
         live.make_summary()
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
-    checkpointer.clear()
-    if chosen_change < -CHOSEN_FALL_WARNING:
-        print(
-            f"WARNING dpo: the chosen responses' log-prob fell {-chosen_change:.2f} nats over training "
-            "(likelihood displacement: both responses are pushed down); dpo.sft_weight > 0 holds it up",
-            flush=True,
-        )
-    print(f"dpo: held-out preference_accuracy={live.summary['preference_accuracy']:.3f}", flush=True)
+    return accuracy, chosen_change
+
+
+def _held_out(
+    model: PreTrainedModel, pairs: list[PreferencePair], score: PairScorer, batch_size: int
+) -> dict[str, float]:
+    """``preference_metrics`` of the implicit rewards of ``pairs``. Every rank calls it: a sharded model's passes
+    are collectives."""
+    model.eval()
+    with torch.no_grad():
+        scored = [
+            score(model, list(range(start, min(start + batch_size, len(pairs)))))
+            for start in range(0, len(pairs), batch_size)
+        ]
+    chosen, rejected = (torch.cat([part[column] for part in scored]).cpu() for column in (1, 2))
+    return preference_metrics(chosen, rejected, pairs)

@@ -10,8 +10,9 @@ from pathlib import Path
 import torch
 
 from models import context_length, load_policy, load_tokenizer, num_parameters, resolve_device
-from tasks.common.artifacts import DATA_DIR, atomic_output, stage_dir, upstream_model
+from tasks.common.artifacts import DATA_DIR, atomic_output, stage_dir
 from tasks.common.config import EvalConfig, Params
+from tasks.common.registry import StageRun
 from tasks.common.tracking import stage_live
 from tasks.common.training import make_deterministic
 from tasks.data.datasets import check_prompt_lengths, read_examples
@@ -53,11 +54,11 @@ def evaluate(engine: RolloutEngine, examples: list[Example], cfg: EvalConfig) ->
     return metrics, rows
 
 
-def evaluate_model(model: Path, params: Params) -> tuple[dict[str, float], list[dict]]:
+def evaluate_model(model: Path, params: Params, data: Path = DATA_DIR) -> tuple[dict[str, float], list[dict]]:
     """``evaluate`` of the model directory ``model`` on the held-out split, seeded as the eval stage runs it: the
     retraining gate scores the champion through here, so it and the candidate's eval@ are the same measurement."""
     make_deterministic(params.seed)
-    tokenizer, test_file = load_tokenizer(model), DATA_DIR / "test.jsonl"
+    tokenizer, test_file = load_tokenizer(model), data / "test.jsonl"
     examples = read_examples(test_file)
     new_tokens = ("eval.max_new_tokens", params.eval.max_new_tokens)
     check_prompt_lengths(
@@ -67,16 +68,15 @@ def evaluate_model(model: Path, params: Params) -> tuple[dict[str, float], list[
     return evaluate(engine, examples, params.eval)
 
 
-def run(params: Params, target: str) -> None:
-    model = upstream_model(target)
-    metrics, rows = evaluate_model(model, params)
-    stage = f"eval@{target}"
-    with atomic_output(stage_dir(stage)) as out, stage_live(stage) as live:
+def run(stage: StageRun) -> None:
+    metrics, rows = evaluate_model(stage.inputs["model"], stage.params, stage.inputs["data"])
+    with atomic_output(stage_dir(stage.name)) as out, stage_live(stage.name) as live:
         out.mkdir()
         with open(out / "greedy.jsonl", "w") as handle:
             for row in rows:
                 handle.write(json.dumps(row) + "\n")
         for name, value in metrics.items():
             live.log_metric(name, round(value, 6), plot=False)
-        live.log_metric("num_parameters", num_parameters(model), plot=False)  # beside pass@1: what size buys
-    print(f"{stage}: " + ", ".join(f"{name}={value:.3f}" for name, value in metrics.items()), flush=True)
+        # beside pass@1: what size buys
+        live.log_metric("num_parameters", num_parameters(stage.inputs["model"]), plot=False)
+    print(f"{stage.name}: " + ", ".join(f"{name}={value:.3f}" for name, value in metrics.items()), flush=True)

@@ -7,15 +7,14 @@ policy is sampled on a fixed held-out slice; the summary's ``dip`` is the larges
 gold reward below the offline checkpoint's before it comes back, ``recovery_iterations`` when it does.
 """
 
-from tasks.common.artifacts import DATA_DIR, upstream_model
-from tasks.common.config import Params
+from tasks.common.registry import StageRun
 from tasks.rl import trainer as rl
 from tasks.rl.online_preference import ONLINE_PREFERENCE
+from tasks.rl.policy_gradient import POLICY_GRADIENT
 
-LEARNERS = {"preference": ONLINE_PREFERENCE, "policy_gradient": rl.POLICY_GRADIENT}
+LEARNERS = {"preference": ONLINE_PREFERENCE, "policy_gradient": POLICY_GRADIENT}
 
 
-def run(params: Params) -> None:
-    cfg = params.online_dpo
-    init = upstream_model(cfg.init)
-    rl.train(params, cfg, "online_dpo", init, DATA_DIR / "train.jsonl", [], LEARNERS[cfg.update])
+def run(stage: StageRun) -> None:
+    cfg, inputs = stage.config, stage.inputs
+    rl.train(stage.params, cfg, stage.name, inputs["policy"], inputs["data"] / "train.jsonl", [], LEARNERS[cfg.update])

@@ -12,8 +12,9 @@ import itertools
 import random
 
 from models import context_length, load_policy, load_tokenizer, resolve_device
-from tasks.common.artifacts import DATA_DIR, PREFERENCES_DIR, atomic_output, upstream_model
-from tasks.common.config import Params, PreferencesConfig
+from tasks.common.artifacts import PREFERENCES_DIR, atomic_output
+from tasks.common.config import PreferencesConfig
+from tasks.common.registry import StageRun
 from tasks.common.tracking import stage_live
 from tasks.common.training import make_deterministic
 from tasks.data.datasets import PreferencePair, check_prompt_lengths, read_examples, read_preferences, write_jsonl
@@ -49,8 +50,8 @@ def label_agreement(pairs: list[PreferencePair]) -> float:
     return sum(verdicts) / len(verdicts) if verdicts else float("nan")
 
 
-def run(params: Params) -> None:
-    cfg = params.preferences
+def run(stage: StageRun) -> None:
+    params, cfg, data = stage.params, stage.config, stage.inputs["data"]
     # Files of your own are validated before any sampling starts.
     supplied = {
         split: read_preferences(path)
@@ -60,17 +61,17 @@ def run(params: Params) -> None:
     make_deterministic(params.seed)
     rng = random.Random(f"alignflow-preferences-{params.seed}")
     prompts = {
-        "train": read_examples(DATA_DIR / "train.jsonl")[: cfg.num_prompts],
-        "test": read_examples(DATA_DIR / "test.jsonl"),
+        "train": read_examples(data / "train.jsonl")[: cfg.num_prompts],
+        "test": read_examples(data / "test.jsonl"),
     }
     to_sample = [split for split in ("train", "test") if split not in supplied]
     splits = dict(supplied)
     if to_sample:
-        policy = upstream_model(cfg.policy)
+        policy = stage.inputs["policy"]
         tokenizer = load_tokenizer(policy)
         for split in to_sample:
             new_tokens = ("preferences.max_new_tokens", cfg.max_new_tokens)
-            source = DATA_DIR / f"{split}.jsonl"
+            source = data / f"{split}.jsonl"
             check_prompt_lengths(
                 prompts[split], tokenizer, source, params.sft.max_prompt_length, context_length(policy), new_tokens
             )

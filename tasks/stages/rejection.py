@@ -8,11 +8,14 @@ rows per kept one (worked solutions of training prompts not sampled). The result
 (``train.jsonl``) with its statistics: the acceptance rate overall and by difficulty.
 """
 
+from pathlib import Path
+
 import torch
 
 from models import load_tokenizer, resolve_device
-from tasks.common.artifacts import DATA_DIR, atomic_output, member_dirs, stage_dir, upstream_model
+from tasks.common.artifacts import atomic_output, member_dirs, stage_dir
 from tasks.common.config import Params
+from tasks.common.registry import StageRun
 from tasks.common.tracking import stage_live
 from tasks.common.training import make_deterministic
 from tasks.data.datasets import read_examples, write_jsonl
@@ -21,11 +24,11 @@ from tasks.data.rejection_sampling import Ranker, has_verifier, sample_and_verif
 from tasks.rl.sequences import score_texts
 
 
-def _reward_model_ranker(params: Params) -> Ranker:
+def _reward_model_ranker(params: Params, reward_model: Path) -> Ranker:
     """Scores texts with the first RLHF reward model; loaded only when a task has no verifier."""
     from models import load_reward_model
 
-    (first, *_) = member_dirs()
+    (first, *_) = member_dirs(reward_model)
     model, tokenizer = load_reward_model(first, resolve_device(params.device)), load_tokenizer(first)
 
     def rank(example: Example, responses: list[str]) -> list[float]:
@@ -35,27 +38,24 @@ def _reward_model_ranker(params: Params) -> Ranker:
     return rank
 
 
-def run(params: Params, round_name: str) -> None:
-    cfg = params.rejection
-    if round_name not in params.rounds:
-        raise ValueError(f"rejection@{round_name}: no round {round_name!r} in rounds ({', '.join(params.rounds)})")
-    policy = upstream_model(params.rounds[round_name].policy)
+def run(stage: StageRun) -> None:
+    params, cfg, inputs = stage.params, stage.config, stage.inputs
+    policy = inputs["policy"]
     make_deterministic(params.seed)
-    train_file = DATA_DIR / "train.jsonl"
+    train_file = inputs["data"] / "train.jsonl"
     examples = read_examples(train_file)
     prompts, others = examples[: cfg.num_prompts], examples[cfg.num_prompts :]
-    rank = None if all(has_verifier(e) for e in prompts) else _reward_model_ranker(params)
+    rank = None if all(has_verifier(e) for e in prompts) else _reward_model_ranker(params, inputs["reward_model"])
     kept, statistics = sample_and_verify(
         params, cfg, "rejection", policy, prompts, train_file, rank, cfg.top_by_reward_model
     )
     if not kept:
-        raise ValueError(f"rejection@{round_name}: no sampled response was accepted; nothing to train on")
+        raise ValueError(f"{stage.name}: no sampled response was accepted; nothing to train on")
     general_count = min(len(others), round(cfg.general_ratio * len(kept)))
     order = torch.randperm(len(others), generator=torch.Generator().manual_seed(params.seed)).tolist()
     general = [others[i] for i in sorted(order[:general_count])]
 
-    stage = f"rejection@{round_name}"
-    with atomic_output(stage_dir(stage)) as out, stage_live(stage) as live:
+    with atomic_output(stage_dir(stage.name)) as out, stage_live(stage.name) as live:
         out.mkdir()
         write_jsonl(out / "train.jsonl", kept + general)
         for name, value in statistics.items():

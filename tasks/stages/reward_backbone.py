@@ -10,17 +10,16 @@ import tempfile
 from pathlib import Path
 
 from models import build_char_tokenizer, build_tiny_llama
-from tasks.common.artifacts import DATA_DIR
-from tasks.common.config import Params
+from tasks.common.registry import StageRun
 from tasks.stages.sft import train
 
 
-def run(params: Params) -> None:
-    cfg = params.reward_backbone
+def run(stage: StageRun) -> None:
+    params, cfg = stage.params, stage.config
     tokenizer = build_char_tokenizer()
     model = build_tiny_llama(cfg, tokenizer, params.seed)
     # The untrained model is an intermediate, not an artifact: it follows from the params and the seed.
     with tempfile.TemporaryDirectory(prefix="reward_backbone-init-") as init_dir:
         model.save_pretrained(init_dir)
         tokenizer.save_pretrained(init_dir)
-        train(params, cfg, "reward_backbone", Path(init_dir), DATA_DIR / "train.jsonl")
+        train(params, cfg, stage.name, Path(init_dir), stage.inputs["data"] / "train.jsonl")

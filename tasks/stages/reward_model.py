@@ -3,7 +3,10 @@
 Loss −log σ(r_chosen − r_rejected) (``core_algos.bradley_terry_loss``); the score is read
 at the last token of prompt + response + end-of-sequence. ``reward_model.ensemble_size`` models
 are trained from different seeds (head initialisation and batch order) and saved as
-``artifacts/reward_model/member-<i>``, each a Hugging Face directory; PPO combines their scores.
+``artifacts/reward_model/member-<i>``, each a Hugging Face directory; PPO combines their scores. Each
+member trains in ``tasks/common/training.py:fit``, the loop SFT and DPO run: a checkpoint every
+``save_every`` steps, and one of each finished member until the stage's output is written, so a run killed
+in any member resumes there, to the weights an uninterrupted run gives.
 
 Held-out metrics are for the ensemble's mean score: ``accuracy`` against the gold judge's
 noise-free order, ``label_accuracy`` against the held-out labels as given, the mean
@@ -14,15 +17,14 @@ import functools
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from models import load_reward_model, load_tokenizer, resolve_device
-from tasks.common.artifacts import PREFERENCES_DIR, REWARD_MODEL_DIR, atomic_output, upstream_model
-from tasks.common.config import Params, RewardModelConfig
-from tasks.common.distributed import Rank, data_parallel, full_state_dict, run_data_parallel
-from tasks.common.errors import NonFiniteError
-from tasks.common.tracking import stage_live
-from tasks.common.training import adamw_with_cosine, epoch_batch, guarded_step, make_deterministic
+from tasks.common.artifacts import REWARD_MODEL_DIR, atomic_output
+from tasks.common.config import OptimizationConfig, Params, RewardModelConfig, to_dict
+from tasks.common.distributed import Rank, data_parallel, run_data_parallel
+from tasks.common.registry import StageRun
+from tasks.common.tracking import log_step, stage_live
+from tasks.common.training import Checkpointer, epoch_batch, fit, make_deterministic, save_trained
 from tasks.data.datasets import PreferencePair, read_preferences
 from tasks.data.judge import preference_metrics
 from tasks.rl.core_algos import bradley_terry_loss
@@ -40,67 +42,89 @@ def _pair_scores(
     return scores[: len(pairs)], scores[len(pairs) :]
 
 
+def _member_schedule(cfg: RewardModelConfig, num_pairs: int) -> OptimizationConfig:
+    """A member's training in ``fit``'s terms: its epochs over ``num_pairs`` as a number of steps."""
+    return OptimizationConfig(
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        warmup_steps=cfg.warmup_steps,
+        max_steps=num_pairs // cfg.batch_size * cfg.epochs,
+        batch_size=cfg.batch_size,
+        grad_clip=cfg.grad_clip,
+        save_every=cfg.save_every,
+        log_every=cfg.log_every,
+    )
+
+
 def train_member(
-    params: Params, cfg: RewardModelConfig, seed: int, pairs: list[PreferencePair], out: Path
+    params: Params,
+    cfg: RewardModelConfig,
+    backbone: Path,
+    seed: int,
+    pairs: list[PreferencePair],
+    out: Path,
+    checkpointer: Checkpointer,
 ) -> list[tuple[int, dict[str, float]]]:
-    """Train one reward model from the backbone with ``seed`` on ``cfg.parallel.num_workers`` data-parallel
-    workers and save it to ``out``; returns its logged training metrics (step, {name: value})."""
-    work = functools.partial(_train_member_rank, params, cfg, seed, pairs, out)
+    """Train one reward model from ``backbone`` with ``seed`` on ``cfg.parallel.num_workers`` data-parallel
+    workers, resumable from ``checkpointer`` (which keeps the finished model's state too, until the caller clears
+    it), and save it to ``out``; returns its logged training metrics (step, {name: value})."""
+    work = functools.partial(_train_member_rank, params, cfg, backbone, seed, pairs, checkpointer, out)
     return run_data_parallel(work, cfg.parallel, "reward_model.parallel")
 
 
 def _train_member_rank(
-    params: Params, cfg: RewardModelConfig, seed: int, pairs: list[PreferencePair], out: Path, rank: Rank
+    params: Params,
+    cfg: RewardModelConfig,
+    backbone: Path,
+    seed: int,
+    pairs: list[PreferencePair],
+    checkpointer: Checkpointer,
+    out: Path,
+    rank: Rank,
 ) -> list[tuple[int, dict[str, float]]]:
     """One worker's share of ``train_member``: every rank builds the same model and batches and trains on its
     pairs (an equal share of each batch: the mean of the ranks' Bradley-Terry losses is the batch's)."""
     make_deterministic(seed)
-    backbone = upstream_model(cfg.backbone)
     tokenizer = load_tokenizer(backbone)
     device = resolve_device(params.device)
     model = load_reward_model(backbone, device, trainable=True)
     model.config.pad_token_id = tokenizer.pad_token_id  # the score is read at the last non-pad token
     model.train()
     replica = data_parallel(model, cfg.parallel.strategy, rank)
-    total_steps = len(pairs) // cfg.batch_size * cfg.epochs
-    optimizer, scheduler = adamw_with_cosine(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, total_steps)
-    history = []
-    for step in tqdm(range(total_steps), desc=f"reward {out.name}", disable=not rank.is_main):
+
+    def step_metrics(step: int) -> dict[str, torch.Tensor]:
         batch = [pairs[i] for i in epoch_batch(len(pairs), cfg.batch_size, step, seed)][rank.slice(cfg.batch_size)]
         chosen, rejected = _pair_scores(replica, tokenizer, batch, device)
-        loss = bradley_terry_loss(chosen, rejected)
-        if rank.any(not torch.isfinite(loss)):  # every rank stops together, or the others wait forever
-            raise NonFiniteError(f"reward_model {out.name} step {step + 1}: the loss is {rank.sum(loss).item()}")
-        guarded_step(model, optimizer, loss, cfg.grad_clip, f"reward_model {out.name} step {step + 1}")
-        scheduler.step()
-        if (step + 1) % cfg.log_every == 0 or step + 1 == total_steps:
-            metrics = {"loss": loss, "accuracy": (chosen > rejected).float().mean()}
-            history.append((step + 1, {name: round(rank.mean(value).item(), 6) for name, value in metrics.items()}))
-    weights = full_state_dict(model, rank)
-    if rank.is_main:
-        model.save_pretrained(out, state_dict=weights)
-        tokenizer.save_pretrained(out)
+        return {"loss": bradley_terry_loss(chosen, rejected), "accuracy": (chosen > rejected).float().mean()}
+
+    schedule = _member_schedule(cfg, len(pairs))
+    # The stage logs each member's history under the member's name once it is trained: no live here.
+    history = fit(f"reward_model {out.name}", model, schedule, step_metrics, checkpointer, None, rank, keep_final=True)
+    save_trained(model, tokenizer, out, rank)
     return history
 
 
-def run(params: Params) -> None:
-    cfg = params.reward_model
-    train_pairs = read_preferences(PREFERENCES_DIR / "train.jsonl")
-    test_pairs = read_preferences(PREFERENCES_DIR / "test.jsonl")
+def run(stage: StageRun) -> None:
+    params, cfg, inputs = stage.params, stage.config, stage.inputs
+    train_pairs = read_preferences(inputs["preferences"] / "train.jsonl")
+    test_pairs = read_preferences(inputs["preferences"] / "test.jsonl")
     if len(train_pairs) < cfg.batch_size:
         raise ValueError(
             f"reward_model: {len(train_pairs)} training pairs, fewer than reward_model.batch_size={cfg.batch_size}"
         )
+    backbone = inputs["backbone"]
+    config = {"stage": "reward_model", "seed": params.seed, **to_dict(cfg)}
+    checkpointer = Checkpointer("reward_model", config, [backbone, inputs["preferences"]])
     with atomic_output(REWARD_MODEL_DIR) as out, stage_live("reward_model") as live:
         out.mkdir()
         held_out = []
         device = resolve_device(params.device)
         for member in range(cfg.ensemble_size):
             member_dir = out / f"member-{member}"
-            for step, metrics in train_member(params, cfg, params.seed + member, train_pairs, member_dir):
-                live.step = step
-                for name, value in metrics.items():
-                    live.log_metric(f"{member_dir.name}/train/{name}", value)
+            part = checkpointer.part(member_dir.name)
+            history = train_member(params, cfg, backbone, params.seed + member, train_pairs, member_dir, part)
+            for step, metrics in history:
+                log_step(live, step, metrics, prefix=f"{member_dir.name}/train/")
             model = load_reward_model(member_dir, device)
             with torch.no_grad():
                 held_out.append(_pair_scores(model, load_tokenizer(member_dir), test_pairs, device))
@@ -109,4 +133,5 @@ def run(params: Params) -> None:
         metrics = preference_metrics(chosen, rejected, test_pairs)
         for name, value in metrics.items():
             live.log_metric(name, round(value, 6), plot=False)
+    checkpointer.clear()
     print("reward_model: " + ", ".join(f"{name}={value:.3f}" for name, value in metrics.items()), flush=True)

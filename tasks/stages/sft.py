@@ -8,18 +8,17 @@ The loop is ``tasks/common/training.py:fit``: AdamW with warm-up and cosine deca
 checkpoint every ``save_every`` steps holding everything needed to continue bit-for-bit.
 """
 
-import contextlib
 import functools
 from pathlib import Path
 
 import torch
 
 from models import load_policy, load_tokenizer, resolve_device
-from tasks.common.artifacts import DATA_DIR, atomic_output, model_dir, stage_dir, upstream_model
+from tasks.common.artifacts import atomic_output, model_dir
 from tasks.common.config import Params, SFTTrainingConfig, to_dict
-from tasks.common.distributed import Rank, data_parallel, full_state_dict, run_data_parallel
-from tasks.common.tracking import stage_live
-from tasks.common.training import Checkpointer, epoch_batch, fit, make_deterministic
+from tasks.common.distributed import Rank, data_parallel, run_data_parallel
+from tasks.common.registry import StageRun
+from tasks.common.training import Checkpointer, epoch_batch, fit, make_deterministic, rank_live, save_trained
 from tasks.data.datasets import DatasetError, read_examples
 from tasks.data.problems import Example
 from tasks.rl.core_algos import sft_loss
@@ -109,28 +108,13 @@ def _train_rank(
         logits = replica(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"]).logits
         return {"loss": sft_loss(logits, rows["input_ids"], rows["loss_mask"], num_tokens)}
 
-    with stage_live(stage) if rank.is_main else contextlib.nullcontext() as live:
+    with rank_live(stage, rank) as live:
         fit(stage, model, cfg, step_metrics, checkpointer, live, rank, tokens_of=batches.tokens)
-        state = full_state_dict(model, rank)
-        if rank.is_main:
+        if live is not None:
             live.make_summary()
-            model.save_pretrained(out, state_dict=state)
-            tokenizer.save_pretrained(out)
+        save_trained(model, tokenizer, out, rank)
 
 
-def run(params: Params) -> None:
-    train(params, params.sft, "sft", upstream_model(params.sft.init), DATA_DIR / "train.jsonl")
-
-
-def run_cold_start(params: Params) -> None:
-    train(params, params.sft_cold, "sft_cold", upstream_model(params.sft_cold.init), DATA_DIR / "train.jsonl")
-
-
-def run_distill(params: Params) -> None:
-    train_file = stage_dir("teacher_data") / "train.jsonl"
-    train(params, params.sft_distill, "sft_distill", upstream_model(params.sft_distill.init), train_file)
-
-
-def run_round(params: Params, round_name: str) -> None:
-    train_file = stage_dir(f"rejection@{round_name}") / "train.jsonl"
-    train(params, params.sft_rs, f"sft_rs@{round_name}", upstream_model(params.sft_rs.init), train_file)
+def run(stage: StageRun) -> None:
+    """Every SFT kind: fine-tune its ``init`` input on its ``data`` input's training split."""
+    train(stage.params, stage.config, stage.name, stage.inputs["init"], stage.inputs["data"] / "train.jsonl")

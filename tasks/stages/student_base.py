@@ -9,14 +9,14 @@ the student's ``num_parameters`` and its fraction of the teacher's, and warns wh
 import torch
 
 from models import build_tiny_llama, load_policy, load_tokenizer, num_parameters, vocabulary_mismatch
-from tasks.common.artifacts import atomic_output, model_dir, upstream_model
-from tasks.common.config import ConfigError, Params
+from tasks.common.artifacts import atomic_output, model_dir
+from tasks.common.config import ConfigError
+from tasks.common.registry import StageRun
 from tasks.common.tracking import stage_live
 
 
-def run(params: Params) -> None:
-    cfg = params.student_base
-    teacher = upstream_model(params.distill.teacher)
+def run(stage: StageRun) -> None:
+    params, cfg, teacher = stage.params, stage.config, stage.inputs["teacher"]
     teacher_tokenizer = load_tokenizer(teacher)
     if cfg.model_path is None:
         tokenizer = teacher_tokenizer

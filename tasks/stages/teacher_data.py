@@ -6,19 +6,18 @@ data (``train.jsonl``), with the acceptance rate overall and by difficulty. R1's
 (``tasks/data/rejection_sampling.py``) does the sampling and the checking.
 """
 
-from tasks.common.artifacts import DATA_DIR, atomic_output, stage_dir, upstream_model
-from tasks.common.config import Params
+from tasks.common.artifacts import atomic_output, stage_dir
+from tasks.common.registry import StageRun
 from tasks.common.tracking import stage_live
 from tasks.common.training import make_deterministic
 from tasks.data.datasets import read_examples, write_jsonl
 from tasks.data.rejection_sampling import sample_and_verify
 
 
-def run(params: Params) -> None:
-    cfg = params.teacher_data
-    teacher = upstream_model(params.distill.teacher)
+def run(stage: StageRun) -> None:
+    params, cfg, teacher = stage.params, stage.config, stage.inputs["teacher"]
     make_deterministic(params.seed)
-    train_file = DATA_DIR / "train.jsonl"
+    train_file = stage.inputs["data"] / "train.jsonl"
     prompts = read_examples(train_file)[: cfg.num_prompts]
     kept, statistics = sample_and_verify(params, cfg, "teacher_data", teacher, prompts, train_file)
     if not kept:

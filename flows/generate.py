@@ -1,0 +1,204 @@
+"""dvc.yaml and params.yaml, written from the declarations: the stage kinds (``tasks/stages/kinds.yaml``) and the
+params schema (``tasks/common/config``).
+
+A stage kind is declared once; its dvc.yaml entry (command, inputs, code, params, outputs, metrics) is derived:
+the artifacts it reads from its ``reads`` (``${...}`` left for DVC to interpolate from params.yaml), its code
+from what its entry module imports, transitively. params.yaml is every section at its value, with the section's
+help above it. ``alignflow generate`` writes both; ``alignflow generate --check`` (and the test suite) fails
+when either is out of date.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flows.catalog import PIPELINES
+from flows.imports import REPO, has_code, transitive_imports
+from tasks.common.artifacts import model_dir
+from tasks.common.config import Params
+from tasks.common.config.fields import schema_fields
+from tasks.common.registry import model_kinds, param_reference
+from tasks.stages.kinds import StageKind, stage_kinds
+
+# The shared library every stage leans on is listed whole; the rest file by file, or by package when a stage
+# imports all of it.
+_LIBRARY = ("tasks/common", "models")
+# The loader of the declarations dvc.yaml is written from: a change to a stage kind shows in dvc.yaml itself.
+_DECLARATIONS = ("tasks/stages/kinds.py",)
+_WIDTH = 120
+
+_DVC_HEADER = """\
+# Written by `alignflow generate` from tasks/stages/kinds.yaml (one declaration per stage kind) and params.yaml:
+# edit those, then run it; `alignflow generate --check` (run by the tests) fails when this file is stale.
+#
+# The pipelines (flows/catalog.py names them; `alignflow repro <pipeline>` runs one):
+{pipelines}
+# and every trained model is evaluated on the held-out split (eval@<model>).
+# Every stage runs `alignflow stage <name>`, reads its settings from params.yaml, writes to a
+# temporary path and renames on success. `alignflow report` prints the metrics in this order.
+# Code deps list every module a stage's entry point imports: the shared library (tasks/common, models),
+# then the packages and modules of the stage's own kind.
+"""
+
+
+def _wrapped(text: str, first: str, rest: str) -> Iterator[str]:
+    """``text`` as comment lines no wider than the file's lines."""
+    line = first
+    for word in text.split():
+        if len(line) + len(word) + 1 > _WIDTH and line.strip() not in ("#", ""):
+            yield line.rstrip()
+            line = rest
+        line += word + " "
+    yield line.rstrip()
+
+
+def _code_deps(kind: StageKind) -> list[str]:
+    """The files a stage's entry module imports, transitively: its own module first, then the library, then the
+    rest (a package whose every module is imported named once)."""
+    entry_file = transitive_imports(kind.entry.partition(":")[0])[kind.entry.partition(":")[0]]
+    files = {
+        str(path.relative_to(REPO))
+        for path in transitive_imports(kind.entry.partition(":")[0]).values()
+        if has_code(path)
+    }
+    own = str(entry_file.relative_to(REPO))
+    deps = {own}
+    for path in sorted(files - {own, *_DECLARATIONS}):
+        library = next((root for root in _LIBRARY if path.startswith(f"{root}/")), None)
+        if library is not None:
+            deps.add(library)
+            continue
+        package = str(Path(path).parent)
+        in_package = {str(p.relative_to(REPO)) for p in (REPO / package).glob("*.py") if has_code(p)}
+        deps.add(package if in_package <= files else path)
+    ordered = [own, *[root for root in _LIBRARY if root in deps]]
+    return ordered + sorted(deps - set(ordered))
+
+
+def _artifact(read: str, kind: StageKind, variable: str) -> str:
+    """A read as dvc.yaml's dependency: ``artifacts/${sft.init}``, ``artifacts/sft_rs/${key}``."""
+    if (key := param_reference(read, kind.section)) is not None:
+        return f"artifacts/${{{key}}}"
+    read = read.replace("${round.policy}", "${item.policy}").replace(f"${{{kind.target}}}", variable)
+    return "artifacts/" + read.replace("@", "/")
+
+
+def _entry(kind: StageKind, name: str, foreach: list[str] | str | None, target: str) -> list[str]:
+    """One dvc.yaml stage (or foreach group) of ``kind``; ``target`` is what follows @ in its stages' names."""
+    deps = ["data  # your own JSONL and incoming shards: a new shard retrains"] if kind.user_data else []
+    deps += [_artifact(read, kind, target) for read in kind.reads.values()] + _code_deps(kind)
+    command = f"{kind.name}@{target}" if kind.target else kind.name
+    out = command.replace("@", "/")
+    lines = [f"  {name}:", *_wrapped(kind.description, "    # ", "    # ")]
+    body = [f"cmd: alignflow stage {command}", "deps:", *[f"  - {dep}" for dep in deps], "params:"]
+    body += [f"  - {key.format(section=kind.section)}" for key in kind.params]
+    body += ["outs:", f"  - artifacts/{out}"]
+    if kind.metrics:
+        body += ["metrics:", f"  - metrics/{out}/metrics.json:", "      cache: false"]
+    if kind.plots:
+        body += ["plots:", f"  - metrics/{out}/plots/metrics:", "      x: step", "      cache: false"]
+    if foreach is None:
+        return lines + [f"    {line}" for line in body]
+    if isinstance(foreach, str):
+        lines += [f"    foreach: {foreach}"]
+    else:
+        lines += ["    foreach:", *[f"      - {item}" for item in foreach]]
+    return lines + ["    do:", *[f"      {line}" for line in body]]
+
+
+def _stages() -> Iterator[list[str]]:
+    models, round_models = model_kinds()
+    for kind in stage_kinds().values():
+        if kind.target == "model":  # a stage per model: one group for the models, one per kind trained per round
+            yield _entry(kind, kind.name, models, "${item}")
+            for model in round_models:
+                yield _entry(kind, f"{kind.name}_{model}", "${rounds}", f"{model}/${{key}}")
+        elif kind.target == "round":
+            yield _entry(kind, kind.name, "${rounds}", "${key}")
+        else:
+            yield _entry(kind, kind.name, None, "")
+
+
+def render_dvc_yaml(params: Params) -> str:
+    """dvc.yaml for ``params`` (its rounds decide which model r1 registers)."""
+    pipelines = []
+    for name, pipeline in PIPELINES.items():
+        pipelines += _wrapped(pipeline.description, f"#   {name}: ", "#       ")
+    out = [_DVC_HEADER.format(pipelines="\n".join(pipelines)), "stages:"]
+    for stage in _stages():
+        out += [*stage, ""]
+    perf = [kind.name for kind in stage_kinds().values() if kind.perf]
+    out += ["# Throughput and MFU of the stages that train: beside the lock, not outputs (they differ run to run)."]
+    out += ["metrics:", *[f"  - metrics/{name}/perf.json" for name in perf], ""]
+    out += [
+        "# The model each pipeline delivers, as `alignflow retrain PIPELINE` registers it: GTO version tags",
+        "# (<name>@vN.0.0) and stage tags (<name>#prod#K) on the commits holding its dvc.lock (`alignflow registry`).",
+        "artifacts:",
+    ]
+    for name, pipeline in PIPELINES.items():
+        out += [f"  {name.replace('_', '-')}:", f"    path: {model_dir(pipeline.model(params))}", "    type: model"]
+        out += [f"    desc: {pipeline.delivers_desc}"]
+    return "\n".join(out) + "\n"
+
+
+def _scalar(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("\n...").strip()
+
+
+def _value_lines(key: str, value: Any, indent: str) -> list[str]:
+    """``key: value``, a mapping on one line when it fits, else as a block."""
+    if dataclasses.is_dataclass(value):
+        value = dataclasses.asdict(value)
+    if isinstance(value, dict):
+        plain = {name: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for name, v in value.items()}
+        inline = f"{indent}{key}: {_scalar(plain)}"
+        if len(inline) <= _WIDTH or not plain:
+            return [inline]
+        return [
+            f"{indent}{key}:",
+            *[line for name, v in plain.items() for line in _value_lines(name, v, indent + "  ")],
+        ]
+    return [f"{indent}{key}: {_scalar(value)}"]
+
+
+def _choices(info: Any) -> str:
+    constraint = next((m for m in info.metadata if hasattr(m, "choices")), None)
+    return f"  # {' | '.join(constraint.choices)}" if constraint is not None else ""
+
+
+def render_params_yaml(params: Params) -> str:
+    """params.yaml holding ``params``: every section with its help, every choice-valued key with its choices."""
+    out = [
+        "# Every stage's settings, by section (`alignflow stage <stage> --help` documents each key, with its bounds).",
+        "# Written by `alignflow generate` from the schema (tasks/common/config) and this file's own values.",
+    ]
+    for name, info in schema_fields(Params).items():
+        value = getattr(params, name)
+        out.append("")
+        out += _wrapped(info.description, "# ", "# ")
+        if not dataclasses.is_dataclass(value):
+            out += [line + _choices(info) for line in _value_lines(name, value, "")]
+            continue
+        out.append(f"{name}:")
+        for field_name, field_info in schema_fields(type(value)).items():
+            lines = _value_lines(field_name, getattr(value, field_name), "  ")
+            out += [lines[0] + _choices(field_info), *lines[1:]]
+    return "\n".join(out) + "\n"
+
+
+def generated(project: Path) -> dict[Path, str]:
+    """dvc.yaml and params.yaml as they should read, from the project's params.yaml."""
+    from tasks.common.params import load_params
+
+    params = load_params(project / "params.yaml")
+    return {project / "dvc.yaml": render_dvc_yaml(params), project / "params.yaml": render_params_yaml(params)}
+
+
+def stale(project: Path) -> list[Path]:
+    """The generated files that differ from what the declarations give."""
+    return [path for path, text in generated(project).items() if not path.is_file() or path.read_text() != text]

@@ -1,0 +1,95 @@
+"""The params schema: one pydantic dataclass per section of params.yaml, each field with its help and bounds.
+
+``tasks/common/params.py`` loads params.yaml into it (omegaconf: merging, interpolation, ``key=value``
+overrides; pydantic: every type and bound); the CLI's ``--help`` and the Prefect run form read the same
+fields. Each family's module declares its section types and, in its ``*Sections`` class, the sections of
+``Params`` with their defaults: a new stage's config is one class and one field in one module. Which stage
+runs with which section is declared in ``tasks/stages/kinds.py``.
+"""
+
+from __future__ import annotations
+
+from tasks.common.config.fields import ConfigError, schema_section, to_dict
+from tasks.common.config.operations import (
+    GATE_METRICS,
+    OperationsSections,
+    RemoteConfig,
+    RetrainConfig,
+    RunnerConfig,
+)
+from tasks.common.config.rl import (
+    LEARNERS,
+    DistillConfig,
+    OnlineDPOConfig,
+    PPOConfig,
+    RejectionConfig,
+    RejectionSamplingConfig,
+    RLConfig,
+    RLSections,
+    RoundConfig,
+    TeacherDataConfig,
+)
+from tasks.common.config.sections import (
+    SEED_MAX,
+    ArithmeticConfig,
+    BaseConfig,
+    BestOfNConfig,
+    CountdownConfig,
+    DataConfig,
+    DPOConfig,
+    EvalConfig,
+    ModelSizeConfig,
+    OptimizationConfig,
+    ParallelConfig,
+    PreferencesConfig,
+    RewardBackboneConfig,
+    RewardModelConfig,
+    SFTConfig,
+    SFTTrainingConfig,
+    StageResources,
+    SupervisedSections,
+    TaskConfig,
+)
+
+
+@schema_section
+class Params(OperationsSections, RLSections, SupervisedSections):
+    """All of params.yaml: the supervised sections first, then the RL ones, then how runs are operated."""
+
+
+__all__ = [
+    "GATE_METRICS",
+    "LEARNERS",
+    "SEED_MAX",
+    "ArithmeticConfig",
+    "BaseConfig",
+    "BestOfNConfig",
+    "ConfigError",
+    "CountdownConfig",
+    "DataConfig",
+    "DistillConfig",
+    "DPOConfig",
+    "EvalConfig",
+    "ModelSizeConfig",
+    "OnlineDPOConfig",
+    "OptimizationConfig",
+    "ParallelConfig",
+    "Params",
+    "PPOConfig",
+    "PreferencesConfig",
+    "RejectionConfig",
+    "RejectionSamplingConfig",
+    "RemoteConfig",
+    "RetrainConfig",
+    "RewardBackboneConfig",
+    "RewardModelConfig",
+    "RLConfig",
+    "RoundConfig",
+    "RunnerConfig",
+    "SFTConfig",
+    "SFTTrainingConfig",
+    "StageResources",
+    "TaskConfig",
+    "TeacherDataConfig",
+    "to_dict",
+]

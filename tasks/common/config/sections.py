@@ -1,0 +1,318 @@
+"""The params sections of the task, the data, the models and supervised training (SFT, reward model, DPO)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from tasks.common.config.fields import MadeOf, OneOf, param, schema_section, section
+
+PROBLEM_NAMES = ("arithmetic", "countdown")
+DEVICES = ("auto", "cpu", "cuda")
+SEED_MAX = 2**32 - 1  # numpy's seeding takes 32 bits
+# Why an upper bound: past it a stage would run for hours here; a user who means it can raise the bound.
+_HOURS = "a larger value takes hours to generate, validate and train on"
+
+
+@schema_section
+class ArithmeticConfig:
+    digits: int = param(3, "Digits per operand (the multiplier of '*' is one digit).", ge=1, le=12)
+    ops: Annotated[str, MadeOf("+-*")] = param("+-*", "Operations to draw from, any of '+', '-', '*'.")
+
+
+@schema_section
+class CountdownConfig:
+    count: int = param(3, "Numbers given per puzzle; each must be used exactly once.", ge=2, le=6)
+    max_number: int = param(40, "Numbers are drawn from 1..max_number.", ge=2)
+    max_target: int = param(100, "Upper bound on intermediate products, which bounds the target.", ge=10)
+    ops: Annotated[str, MadeOf("+-*/")] = param(
+        "+-", "Operations solutions use, any of '+', '-', '*', '/'; must include '+'."
+    )
+
+
+@schema_section
+class TaskConfig:
+    name: Annotated[str, OneOf(PROBLEM_NAMES)] = param("countdown", "Problem family to train and evaluate on.")
+    arithmetic: ArithmeticConfig = section(ArithmeticConfig, "Settings of the arithmetic family.")
+    countdown: CountdownConfig = section(CountdownConfig, "Settings of the countdown family.")
+
+
+@schema_section
+class DataConfig:
+    num_train: int = param(20000, "Generated training examples.", ge=1, le=1_000_000, why=_HOURS)
+    num_test: int = param(
+        200, "Generated held-out examples (never overlapping the training split).", ge=1, le=100_000, why=_HOURS
+    )
+    train_file: str | None = param(
+        None,
+        "JSONL of your own to train on instead of generating: a file, a directory of *.jsonl shards or a glob, under "
+        "data/ (the data stage's dvc.yaml dependency, so a new shard makes it stale).",
+    )
+    test_file: str | None = param(
+        None, "JSONL of your own to evaluate on instead of generating: a file, directory or glob under data/."
+    )
+
+
+@schema_section
+class ModelSizeConfig:
+    """The size of a tiny built-in Llama (the base model's, the reward backbone's or the student's)."""
+
+    hidden_size: int = param(96, "Tiny model: width of the residual stream.", ge=8)
+    num_layers: int = param(3, "Tiny model: transformer blocks.", ge=1)
+    num_heads: int = param(4, "Tiny model: attention heads (must divide hidden_size).", ge=1)
+    intermediate_size: int = param(384, "Tiny model: width of the MLP.", ge=8)
+    max_position_embeddings: int = param(128, "Tiny model: longest sequence it can attend over.", ge=16)
+
+
+@schema_section
+class BaseConfig(ModelSizeConfig):
+    model_path: str | None = param(
+        None,
+        "A Hugging Face model directory to start from; null builds the tiny built-in model. (The distillation "
+        "student's must have the teacher's tokenizer: the two models are compared token by token.)",
+    )
+
+
+@schema_section
+class AdamWConfig:
+    """AdamW with linear warm-up and cosine decay, resumable (``tasks/common/training.py:fit``)."""
+
+    lr: float = param(2e-3, "Peak AdamW learning rate.", gt=0)
+    weight_decay: float = param(0.01, "AdamW decoupled weight decay.", ge=0)
+    warmup_steps: int = param(50, "Linear warm-up steps before cosine decay.", ge=0)
+    batch_size: int = param(
+        64, "Examples per optimizer step: sequences (SFT), preference pairs (DPO, the reward model).", ge=1
+    )
+    grad_clip: float = param(1.0, "Clip the global gradient norm to this value.", gt=0)
+    save_every: int = param(100, "Write a resumable checkpoint every N steps.", ge=1)
+    log_every: int = param(20, "Log training metrics every N steps.", ge=1)
+
+
+@schema_section
+class OptimizationConfig(AdamWConfig):
+    """A fixed number of AdamW steps over a dataset: SFT and DPO."""
+
+    max_steps: int = param(600, "Optimizer steps.", ge=1)
+
+
+@schema_section
+class ParallelConfig:
+    """How many processes train a stage's model, and how: Ray workers in a placement group, joined by
+    torch.distributed (gloo on CPU, NCCL on GPU). Every worker takes an equal slice of every batch, so the global
+    batch, the optimiser steps and (to float rounding) the loss curve are the one-worker run's."""
+
+    num_workers: int = param(1, "Data-parallel workers; 1 trains in the stage's own process.", ge=1)
+    strategy: Annotated[str, OneOf(("ddp", "fsdp"))] = param(
+        "ddp",
+        "ddp: a full replica per worker, gradients averaged; fsdp: parameters, gradients and optimiser state "
+        "sharded across the workers (FSDP2 fully_shard), for a model one device cannot hold.",
+    )
+    cpus_per_worker: float = param(1.0, "CPUs Ray reserves per worker.", ge=0)
+    gpus_per_worker: float = param(0.0, "GPUs Ray reserves per worker (with device: cuda).", ge=0)
+    memory_gb_per_worker: float = param(0.0, "Memory Ray reserves per worker, in GiB (0: no reservation).", ge=0)
+    threads_per_worker: int = param(
+        1, "torch threads per worker (Ray would give each one); with the world size, they fix the bits.", ge=1
+    )
+    placement: Annotated[str, OneOf(("PACK", "SPREAD", "STRICT_SPREAD", "STRICT_PACK"))] = param(
+        "PACK",
+        "Ray placement group strategy: PACK (as few nodes as fit), SPREAD, STRICT_SPREAD (one worker per node), "
+        "STRICT_PACK (one node).",
+    )
+    resources_per_worker: dict[str, float] = param(
+        {}, "Custom Ray resources each worker needs, e.g. {gpu_node: 1} to pin workers to nodes."
+    )
+
+
+_PARALLEL_HELP = "Data-parallel workers: how many, how sharded, where."
+
+
+@schema_section
+class SFTTrainingConfig(OptimizationConfig):
+    """How a model is fine-tuned on worked solutions (every SFT stage, and the reward backbone)."""
+
+    max_prompt_length: int = param(32, "Longest prompt in tokens; a longer one is an error.", ge=1)
+    max_length: int = param(96, "Longest prompt + response in tokens; a longer example is an error.", ge=2)
+    num_examples: int | None = param(None, "Train on the first N examples only; null: all of them.", ge=1)
+    parallel: ParallelConfig = section(ParallelConfig, _PARALLEL_HELP)
+
+
+@schema_section
+class SFTConfig(SFTTrainingConfig):
+    init: str = param("base", "The model to start from: base, or a stage that trains one (sft_cold, grpo, ...).")
+
+
+@schema_section
+class RewardBackboneConfig(SFTTrainingConfig, ModelSizeConfig):
+    """A backbone of its own for the reward model (``reward_model.backbone: reward_backbone``): a tiny Llama of
+    this size, built from the seed and fine-tuned on the task's worked solutions, as sft is. A reward model
+    may be larger than the policy it judges (InstructGPT's one 6B reward model served policies of several
+    sizes); checking an answer is at least as hard as producing it."""
+
+
+@schema_section
+class SamplingConfig:
+    """How a stage samples responses from a policy (evaluation, preference pairs, rejection sampling, RL)."""
+
+    temperature: float = param(1.0, "Sampling temperature.", gt=0)
+    max_new_tokens: int = param(64, "Longest sampled response, in tokens.", ge=1)
+
+
+@schema_section
+class EvalConfig(SamplingConfig):
+    k: int = param(8, "Samples per prompt for pass@k.", ge=1)
+    batch_size: int = param(256, "Prompts per generation batch.", ge=1)
+
+
+@schema_section
+class StageResources:
+    num_cpus: float = param(1.0, "CPUs Ray reserves for the stage.", ge=0)
+    num_gpus: float = param(0.0, "GPUs Ray reserves for the stage (train on them with device: cuda).", ge=0)
+    memory_gb: float = param(0.0, "Memory Ray reserves for the stage, in GiB (0: no reservation).", ge=0)
+
+
+@schema_section
+class JudgeConfig:
+    """The hidden gold judge: a task-defined utility in [0, 1] (correctness first, then format, then concision)."""
+
+    label_noise: float = param(
+        0.55,
+        "Bradley-Terry noise of preference labels: P(a preferred) = sigmoid((u_a - u_b) / label_noise); "
+        "0 gives noise-free labels. The default makes training labels agree with the judge about 75% of the time.",
+        ge=0,
+    )
+
+
+@schema_section
+class PreferencesConfig(SamplingConfig):
+    policy: str = param(
+        "sft_cold",
+        "The model whose responses are sampled and judged: PPO's start (ppo.init), so the reward model learns to "
+        "rank the responses PPO will produce first, as InstructGPT's comparisons came from its SFT policy.",
+    )
+    num_prompts: int = param(4000, "Training prompts to sample responses for (from the training split).", ge=1)
+    samples_per_prompt: int = param(4, "Responses sampled per prompt (K); every pair of them is labelled.", ge=2)
+    judge: JudgeConfig = section(JudgeConfig, "The gold judge that labels pairs.")
+    train_file: str | None = param(None, "Preference JSONL of your own to train the reward model on.")
+    test_file: str | None = param(None, "Preference JSONL of your own to evaluate the reward model on.")
+
+
+@schema_section
+class RewardModelConfig(AdamWConfig):
+    epochs: int = param(4, "Passes over the preference pairs.", ge=1)
+    ensemble_size: int = param(1, "Reward models trained from different seeds; PPO combines them.", ge=1)
+    backbone: str = param(
+        "reward_backbone",
+        "The model the reward model is fine-tuned from (a model trained before it): it need not be the policy's, "
+        "as InstructGPT's one 6B reward model served policies of several sizes.",
+    )
+    parallel: ParallelConfig = section(ParallelConfig, "Data-parallel workers of each member's training.")
+
+
+@schema_section
+class BestOfNConfig:
+    """Best-of-n with the reward model: the cheapest check that it ranks well, before any RL."""
+
+    policy: str = param(
+        "sft_cold", "The model whose samples the reward model picks among (PPO's start, ppo.init, by default)."
+    )
+    n: int = param(8, "Samples per held-out prompt; the reward model's favourite is kept.", ge=2, le=1024)
+
+
+@schema_section
+class PreferenceLossConfig:
+    """A preference loss and its knobs (``tasks/rl/preference_losses.py``): the dpo stage's and online_dpo's."""
+
+    preference_loss: Annotated[str, OneOf(registry="tasks.rl.preference_losses:PREFERENCE_LOSSES")] = param(
+        "dpo",
+        "Preference loss registered in tasks/rl/preference_losses.py: dpo, cdpo, ipo, hinge (SLiC), simpo and "
+        "orpo (the last two without a reference).",
+    )
+    beta: float = param(
+        0.1,
+        "beta: the strength of the pull toward the reference (dpo, cdpo, ipo, hinge), SimPO's reward scale, or "
+        "ORPO's weight of the odds-ratio term.",
+        gt=0,
+    )
+    label_smoothing: float = param(0.0, "cdpo's epsilon: the probability a label is flipped; 0 is dpo.", ge=0, lt=0.5)
+    simpo_gamma: float = param(0.5, "SimPO's target reward margin gamma.", ge=0)
+    sft_weight: float = param(
+        0.0,
+        "Weight of an SFT term on the chosen response (RPO): it keeps the chosen log-prob from falling; on noisy "
+        "labels it is most of what offline DPO gains.",
+        ge=0,
+    )
+
+
+@schema_section
+class DPOConfig(OptimizationConfig, PreferenceLossConfig):
+    """Offline preference optimisation on logged pairs (``artifacts/preferences``): no reward model, no sampling.
+
+    The reference is ``init`` itself; its log-probs of every pair are computed once by the ``dpo_reference``
+    stage, which reads only ``dpo.init`` and the pairs, so changing beta or the loss re-runs the optimisation only.
+    """
+
+    init: str = param(
+        "sft_cold",
+        "The policy to start from, and the reference. sft_cold (2 000 demonstrations) leaves room to gain; "
+        "from sft (20 000) there is almost nothing left at this model size.",
+    )
+    parallel: ParallelConfig = section(ParallelConfig, _PARALLEL_HELP)
+
+
+_TINY_REWARD_BACKBONE = {"hidden_size": 192, "num_layers": 6, "num_heads": 6, "intermediate_size": 768}
+# 3e-4 for 4 epochs beat 1e-3 for 2 on the policy-sized backbone (docs/rlhf.md).
+_REWARD_MODEL = {"lr": 3e-4, "warmup_steps": 20, "batch_size": 32, "save_every": 50}
+# From sft_cold, 1500 steps at 2e-4 with an SFT term gained held-out gold reward (docs/offline-to-online.md).
+_DPO = {"lr": 2e-4, "warmup_steps": 20, "max_steps": 1500, "sft_weight": 2.0}
+# R1's cold start: a small set of demonstrations, which leaves RL room to gain.
+_COLD_START = {"max_steps": 500, "warmup_steps": 20, "num_examples": 2000, "save_every": 50}
+# As deep as the default teacher, narrower: 0.29 of its parameters (docs/distillation.md measures the choice).
+_TINY_STUDENT = {"hidden_size": 64, "num_layers": 3, "num_heads": 2, "intermediate_size": 128}
+
+
+@schema_section
+class SupervisedSections:
+    """The sections of params.yaml for the task, the data, the models and supervised training: ``Params`` holds
+    them, each with its help and the defaults it sets over its type's."""
+
+    seed: int = param(0, "Seed of every random draw: data, initialisation, batches, sampling.", ge=0, le=SEED_MAX)
+    device: Annotated[str, OneOf(DEVICES)] = param(
+        "auto", "Where to train: 'cpu', 'cuda', or 'auto' (cuda when available)."
+    )
+    task: TaskConfig = section(TaskConfig, "The synthetic problem family.")
+    data: DataConfig = section(DataConfig, "Dataset sizes or files of your own.")
+    base: BaseConfig = section(BaseConfig, "The base model: built-in tiny model or a model path.")
+    sft: SFTConfig = section(SFTConfig, "Supervised fine-tuning on worked solutions.")
+    eval: EvalConfig = section(EvalConfig, "Held-out evaluation.")
+    preferences: PreferencesConfig = section(PreferencesConfig, "Preference pairs sampled from a policy, judged.")
+    reward_backbone: RewardBackboneConfig = section(
+        RewardBackboneConfig,
+        "A dedicated reward-model backbone: its own size, fine-tuned on the task data.",
+        **_TINY_REWARD_BACKBONE,
+    )
+    reward_model: RewardModelConfig = section(
+        RewardModelConfig,
+        "Bradley-Terry reward model on the preference pairs.",
+        **_REWARD_MODEL,
+    )
+    best_of_n: BestOfNConfig = section(
+        BestOfNConfig, "Best-of-n on held-out prompts, picked by the reward model and scored by the gold judge."
+    )
+    dpo: DPOConfig = section(
+        DPOConfig,
+        "Offline preference optimisation (the DPO family) on the preference pairs.",
+        **_DPO,
+    )
+    sft_cold: SFTConfig = section(
+        SFTConfig,
+        "R1: cold-start SFT on a small set of worked solutions.",
+        **_COLD_START,
+    )
+    sft_rs: SFTConfig = section(SFTConfig, "R1: SFT on the rejection-sampled data (each round).")
+    student_base: BaseConfig = section(
+        BaseConfig,
+        "Distillation: the student before training, smaller than the teacher, with the teacher's tokenizer.",
+        **_TINY_STUDENT,
+    )
+    sft_distill: SFTConfig = section(
+        SFTConfig, "Distillation: SFT of the student on the teacher's verified responses.", init="student_base"
+    )

@@ -1,0 +1,323 @@
+"""The rules of params that no single field states: the cross-field checks that ``load_params`` runs once
+every field has passed the schema (a batch that splits over the workers, a model key that names a model
+trained earlier, data of your own under data/), and the one slow check, importing your reward functions."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+from cronsim import CronSim, CronSimError
+
+from tasks.common.artifacts import USER_DATA
+from tasks.common.config import (
+    GATE_METRICS,
+    DistillConfig,
+    ModelSizeConfig,
+    OnlineDPOConfig,
+    Params,
+    PPOConfig,
+    RLConfig,
+    RoundConfig,
+    SFTTrainingConfig,
+)
+from tasks.common.config.fields import schema_fields
+from tasks.common.registry import model_kinds, param_reference, param_value
+from tasks.data.datasets import is_shard_of, shard_files
+from tasks.stages.kinds import stage_kinds
+
+
+def sections_of(config_type: type) -> tuple[str, ...]:
+    """The params sections of one schema type (every RL stage's section is an ``RLConfig``)."""
+    return tuple(
+        name
+        for name, info in schema_fields(Params).items()
+        if isinstance(info.annotation, type) and issubclass(info.annotation, config_type)
+    )
+
+
+RL_SECTIONS = sections_of(RLConfig)
+SFT_SECTIONS = sections_of(SFTTrainingConfig)
+# Models the pipelines train, by name: what `init` and `rounds.<round>.policy` may point at.
+MODELS, ROUND_MODELS = model_kinds()  # a round's model is named <kind>/<round>: sft_rs/1
+_ROUND_NAME = re.compile(r"[A-Za-z0-9_-]+")
+_GLOB = re.compile(r"[*?\[]")
+
+
+def _is_model(name: str, rounds: dict[str, RoundConfig]) -> bool:
+    kind, _, round_name = name.partition("/")
+    return (name in MODELS) or (kind in ROUND_MODELS and round_name in rounds)
+
+
+def _trained_from(model: str, params: Params) -> set[str]:
+    """The stage kinds behind the model named ``model`` (``sft_rs/1``: sft_rs, rejection, grpo, ...), its own too,
+    following each kind's declared reads through the values params give them."""
+    kinds, found, pending = stage_kinds(), set(), [model.partition("/")[0]]
+    while pending:
+        kind = pending.pop()
+        if kind in found or kind not in kinds:
+            continue
+        found.add(kind)
+        for read in kinds[kind].reads.values():
+            name, key = read.partition("@")[0], param_reference(read, kinds[kind].section)
+            if name == "${round.policy}":
+                pending += [spec.policy.partition("/")[0] for spec in params.rounds.values()]
+            elif key is not None:
+                pending.append(str(param_value(params, key)).partition("/")[0])
+            elif not name.startswith("${"):
+                pending.append(name)
+    return found
+
+
+def _model_key_errors(params: Params) -> Iterator[str]:
+    """Every model-valued key (``sft.init``, ``ppo.init``, ``reward_model.backbone``, ``distill.teacher``) names a
+    model whose stage runs before the stages that read it: one that exists, and not one trained from them (a
+    cycle)."""
+    reported = set()
+    for kind in stage_kinds().values():
+        for read in kind.reads.values():
+            key = param_reference(read, kind.section)
+            if key is None or key in reported:
+                continue
+            model = param_value(params, key)
+            if not _is_model(model, params.rounds) or kind.name in _trained_from(model, params):
+                reported.add(key)
+                yield f"{key}: not a model trained before {kind.name} ({', '.join(MODELS)}, ...), got {model!r}"
+
+
+def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
+    from tasks.rl import core_algos, rewards  # torch: imported only when params are checked
+
+    base = params.base
+    estimator = core_algos.ADVANTAGE_ESTIMATORS.get(cfg.advantage)  # an unknown name is reported by its field
+    # distillation runs the estimator only to mix in a reward
+    compares_group = estimator is not None and estimator.compares_group
+    if isinstance(cfg, DistillConfig) and cfg.reward_coef == 0:
+        compares_group = False
+    if cfg.group_size < 2 and (compares_group or cfg.dynamic_sampling):
+        why = f"advantage={cfg.advantage}" if compares_group else "dynamic sampling"
+        yield f"{name}.group_size: {why} compares the responses of a prompt, needs >= 2, got {cfg.group_size}"
+    if isinstance(cfg, OnlineDPOConfig) and cfg.update == "preference":
+        if cfg.group_size < 2 and not cfg.dynamic_sampling:  # dynamic sampling's own error says the same
+            yield f"{name}.group_size: the preference update pairs the responses of a prompt, needs >= 2, got 1"
+        if cfg.ref_reset_every is not None:
+            yield (
+                f"{name}.ref_reset_every: the preference update keeps its reference fixed (the policy it starts "
+                f"from, as iterative DPO does); null, got {cfg.ref_reset_every}"
+            )
+    # A stage reads the reward model only when dvc.yaml says so (its kind reads reward_model).
+    reads_reward_model = any(
+        "reward_model" in kind.reads.values() for kind in stage_kinds().values() if kind.section == name
+    )
+    built_in = (*rewards.BUILT_IN, rewards.REWARD_MODEL)
+    if not reads_reward_model and cfg.rewards.get(rewards.REWARD_MODEL):
+        yield (
+            f"{name}.rewards.{rewards.REWARD_MODEL}: the {name} stage does not read the reward model (its dvc.yaml "
+            "stage has no artifacts/reward_model dependency); use a stage that does (ppo, grpo_final)"
+        )
+    mixes = {"rewards": (cfg.rewards, built_in)}
+    if isinstance(cfg, PPOConfig):  # the reference run's rewards are rule-based: no reward model
+        mixes["verifier_rewards"] = (cfg.verifier_rewards, rewards.BUILT_IN)
+    for key, (mix, allowed) in mixes.items():
+        for reward, weight in mix.items():
+            if reward not in allowed and ":" not in reward:
+                yield f"{name}.{key}.{reward}: not a reward ({', '.join(allowed)}, or module:function of your own)"
+            if not math.isfinite(weight):
+                yield f"{name}.{key}.{reward}: the weight must be a finite number, got {weight}"
+    if base.model_path is None:
+        longest = params.sft.max_prompt_length + cfg.max_new_tokens
+        if base.max_position_embeddings < longest:
+            yield (
+                f"{name}.max_new_tokens: a prompt of sft.max_prompt_length plus {cfg.max_new_tokens} new tokens "
+                f"exceeds base.max_position_embeddings ({base.max_position_embeddings})"
+            )
+        head_size = base.hidden_size // base.num_heads
+        vllm_on_cpu = cfg.rollout_backend == "vllm" and params.device != "cuda"
+        if vllm_on_cpu and not (head_size == 32 or (head_size >= 64 and head_size % 16 == 0)):
+            yield (
+                f"base.num_heads: {name}.rollout_backend=vllm on CPU needs a head size (base.hidden_size / "
+                f"base.num_heads) of 32, 64, 80, 96, ..., got {head_size}"
+            )
+
+
+def _distill_errors(params: Params, longest: int) -> Iterator[str]:
+    """On-policy distillation's knobs that only make sense together, and the student's size or tokenizer."""
+    from tasks.rl import core_algos, distill_losses  # torch: imported only when params are checked
+
+    cfg = params.distill
+    loss = distill_losses.DISTILL_LOSSES.get(cfg.distill_loss)  # an unknown name is reported by its field
+    if cfg.lmbda < 1 and loss is not None and not loss.full_vocabulary:
+        yield (
+            "distill.lmbda: below 1 trains on the teacher's responses, which a sampled-token loss "
+            f"({cfg.distill_loss}) cannot grade (its estimate needs the student's own samples); use loss gkd, or "
+            f"lmbda 1, got {cfg.lmbda}"
+        )
+    estimator = core_algos.ADVANTAGE_ESTIMATORS.get(cfg.advantage)
+    if estimator is not None and estimator.needs_critic:
+        yield f"distill.advantage: {cfg.advantage} needs a critic, which distillation does not train (grpo, rloo, ...)"
+    if cfg.kl_in_reward:
+        yield "distill.kl_in_reward: distillation shapes no reward; kl_loss puts a KL to the start in the loss"
+    if cfg.ref_reset_every is not None:
+        yield f"distill.ref_reset_every: distillation keeps no resettable reference; null, got {cfg.ref_reset_every}"
+    student = params.student_base
+    if student.model_path is None:
+        yield from _size_errors("student_base", student, max(longest, params.sft_distill.max_length))
+        return
+    if not (Path(student.model_path) / "config.json").is_file():
+        yield f"student_base.model_path: {student.model_path!r} is not a Hugging Face model directory"
+        return
+    from models import build_char_tokenizer, load_tokenizer, vocabulary_mismatch
+
+    # every model of the DAG has the base model's tokenizer, or (a reward backbone's lineage) the built-in one
+    from_base = "base" in _trained_from(cfg.teacher, params) and params.base.model_path is not None
+    teacher_tokenizer = load_tokenizer(params.base.model_path) if from_base else build_char_tokenizer()
+    mismatch = vocabulary_mismatch(load_tokenizer(student.model_path), teacher_tokenizer)
+    if mismatch is not None:
+        yield (
+            f"student_base.model_path: the tokenizer of {student.model_path!r} is not the teacher's "
+            f"(distill.teacher={cfg.teacher}): {mismatch}"
+        )
+
+
+def _size_errors(name: str, size: ModelSizeConfig, longest: int) -> Iterator[str]:
+    """A tiny model's size: heads that divide its width, and positions for the ``longest`` sequence it sees."""
+    if size.hidden_size % size.num_heads:
+        yield f"{name}.num_heads: must divide {name}.hidden_size ({size.hidden_size}), got {size.num_heads}"
+    if size.max_position_embeddings < longest:
+        yield (
+            f"{name}.max_position_embeddings: must be >= {longest} (the longest training or generated "
+            f"sequence), got {size.max_position_embeddings}"
+        )
+
+
+def cross_field_errors(params: Params) -> Iterator[str]:
+    base, evaluation = params.base, params.eval
+    for name in SFT_SECTIONS:
+        sft = getattr(params, name)
+        if sft.parallel.num_workers >= 1 and sft.batch_size % sft.parallel.num_workers:
+            yield (
+                f"{name}.batch_size: {sft.batch_size} sequences do not split evenly over "
+                f"{name}.parallel.num_workers={sft.parallel.num_workers} workers"
+            )
+        if sft.max_length <= sft.max_prompt_length:
+            yield (
+                f"{name}.max_length: must exceed {name}.max_prompt_length ({sft.max_prompt_length}), "
+                f"got {sft.max_length}"
+            )
+    rl_batches = {name: getattr(params, name).minibatch_size for name in RL_SECTIONS}
+    for name, batch_size in {"reward_model": params.reward_model.batch_size, **rl_batches}.items():
+        workers = getattr(params, name).parallel.num_workers
+        key = "batch_size" if name == "reward_model" else "minibatch_size"
+        if workers >= 1 and batch_size % workers:  # fewer is reported by its own range check
+            yield (
+                f"{name}.{key}: {batch_size} {'pairs' if name == 'reward_model' else 'responses'} do not split "
+                f"evenly over {name}.parallel.num_workers={workers} workers"
+            )
+    yield from _model_key_errors(params)
+    if "+" not in params.task.countdown.ops:  # the one operation that applies at every step of a solution
+        yield f"task.countdown.ops: must include '+', got {params.task.countdown.ops!r}"
+    for name in RL_SECTIONS:
+        yield from _rl_errors(name, getattr(params, name), params)
+    for round_name, spec in params.rounds.items():
+        if not _ROUND_NAME.fullmatch(str(round_name)):
+            yield f"rounds.{round_name}: a round's name may use letters, digits, '_' and '-' only"
+        if not _is_model(spec.policy, params.rounds) or spec.policy == f"grpo_final/{round_name}":
+            yield (
+                f"rounds.{round_name}.policy: not a model trained before the round ({', '.join(MODELS)}, or "
+                f"grpo_final/<an earlier round>), got {spec.policy!r}"
+            )
+    longest = max(params.sft.max_length, params.sft.max_prompt_length + evaluation.max_new_tokens)
+    if base.model_path is None:
+        yield from _size_errors("base", base, longest)
+    elif not Path(base.model_path).is_dir():
+        yield f"base.model_path: no model directory at {base.model_path!r}"
+    elif not (Path(base.model_path) / "config.json").is_file():
+        yield f"base.model_path: {base.model_path!r} is not a Hugging Face model directory (it has no config.json)"
+    backbone = params.reward_backbone
+    yield from _size_errors("reward_backbone", backbone, max(longest, backbone.max_length))
+    yield from _distill_errors(params, max(longest, params.sft.max_prompt_length + params.distill.max_new_tokens))
+    yield from _user_data_errors(params)
+    preference_files = {
+        "preferences.train_file": params.preferences.train_file,
+        "preferences.test_file": params.preferences.test_file,
+    }
+    for key, path in preference_files.items():
+        if path is not None and not Path(path).is_file():
+            yield f"{key}: no file at {path!r}"
+    for metric, tolerance in params.retrain.guards.items():
+        if metric not in GATE_METRICS:
+            yield f"retrain.guards.{metric}: not a gate metric (one of {', '.join(GATE_METRICS)})"
+        elif not (math.isfinite(tolerance) and tolerance >= 0):
+            yield f"retrain.guards.{metric}: a tolerance must be a finite number >= 0, got {tolerance}"
+    if "default" not in params.runner.resources:
+        yield "runner.resources: needs a 'default' entry"
+    for pipeline, cron in params.runner.schedules.items():
+        try:
+            CronSim(cron, datetime.now())
+        except CronSimError as error:
+            yield f"runner.schedules.{pipeline}: not a cron expression: {cron!r} ({error})"
+
+
+def _is_under_user_data(source: str) -> bool:
+    literal = Path(*[part for part in Path(source).parts if not _GLOB.search(part)] or ["."])
+    return Path(os.path.abspath(literal)).is_relative_to(os.path.abspath(USER_DATA))
+
+
+def _user_data_errors(params: Params) -> Iterator[str]:
+    """Data of your own lives under data/, the data stage's dvc.yaml dependency, so dvc.lock names every shard."""
+    sources = {"data.train_file": params.data.train_file, "data.test_file": params.data.test_file}
+    for key, source in sources.items():
+        if source is None:
+            continue
+        if not _is_under_user_data(source):
+            yield f"{key}: must be under {USER_DATA}/ (the data stage depends on that directory), got {source!r}"
+        elif not shard_files(source):
+            yield f"{key}: no JSONL file at {source!r} (a file, a directory of *.jsonl shards, or a glob)"
+    quarantine, train = params.retrain.quarantine, params.data.train_file
+    if quarantine is not None and not _is_under_user_data(quarantine):
+        yield f"retrain.quarantine: must be under {USER_DATA}/, got {quarantine!r}"
+    elif quarantine is not None and train is not None and is_shard_of(Path(quarantine, "shard.jsonl"), train):
+        yield f"retrain.quarantine: {quarantine!r} is within data.train_file's reach ({train!r})"
+
+
+# Imports a reward function the way the reward process will, from the project directory; run apart so that a
+# module that raises, hangs or imports half the world on import cannot take the command line down with it.
+_IMPORT_REWARD = """
+import importlib, os, sys
+sys.path.append(os.getcwd())
+module, _, function = sys.argv[1].partition(":")
+if not callable(getattr(importlib.import_module(module), function)):
+    raise TypeError(f"{sys.argv[1]} is not callable")
+"""
+_IMPORT_SECONDS = 120
+
+
+def reward_import_errors(params: Params) -> Iterator[str]:
+    """Every reward function of your own (``module:function``) is imported once, in a subprocess, before any work."""
+    checked: dict[str, str | None] = {}
+    for section in RL_SECTIONS:
+        for name in getattr(params, section).rewards:
+            if ":" not in name:
+                continue
+            if name not in checked:
+                try:
+                    result = subprocess.run(
+                        [sys.executable, "-c", _IMPORT_REWARD, name],
+                        capture_output=True,
+                        text=True,
+                        timeout=_IMPORT_SECONDS,
+                    )
+                    lines = result.stderr.strip().splitlines()
+                    checked[name] = (
+                        (lines[-1] if lines else f"exit status {result.returncode}") if result.returncode else None
+                    )
+                except subprocess.TimeoutExpired:
+                    checked[name] = f"importing it took over {_IMPORT_SECONDS} s"
+            if checked[name] is not None:
+                yield f"{section}.rewards.{name}: cannot be imported: {checked[name]}"

@@ -1,0 +1,58 @@
+"""Every stage kind, declared once in ``kinds.yaml`` beside this file: the params section it runs with, what it
+reads and what it writes.
+
+A stage's name is its kind, then ``@`` and a target for kinds that take one: ``sft``, ``eval@sft``
+(the model it evaluates), ``grpo_final@1`` (the round). The CLI's stage lookup and ``--help``,
+params validation (which keys name models, which models exist), the Prefect flows and
+``flows/generate.py`` (which writes ``dvc.yaml``'s stages) read this table; a stage's module
+receives its inputs resolved from ``reads`` and never names its upstream itself.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import ConfigDict, Field, TypeAdapter
+from pydantic.dataclasses import dataclass
+
+DECLARATIONS = Path(__file__).with_name("kinds.yaml")
+
+
+@dataclass(frozen=True, config=ConfigDict(extra="forbid"))
+class StageKind:
+    name: str = Field(description="The stage's name in dvc.yaml (before any @).")
+    section: str = Field(description="The params section it runs with: its config.")
+    entry: str = Field(description="'module:function' that runs it, called with a tasks.common.registry.StageRun.")
+    description: str = Field(description="One line, for `alignflow --help` and dvc.yaml.")
+    writes: Literal["model", "reward models", "dataset", "evaluation"] = Field(
+        description="What it leaves under artifacts/<stage>."
+    )
+    reads: dict[str, str] = Field(
+        default_factory=dict,
+        description="Its inputs by the name its module knows them by, each an artifact: a stage ('data'), a params "
+        "key of its own section ('${init}') or of another ('${distill.teacher}'), or its target ('${model}', "
+        "'rejection@${round}', '${round.policy}').",
+    )
+    target: Literal["round", "model"] | None = Field(None, description="What follows @ in the stage's name.")
+    params: tuple[str, ...] = Field(
+        ("seed", "device", "{section}"),
+        description="The params keys it reads, as dvc.yaml lists them; '{section}' is its own section. What it "
+        "reads of other sections is named key by key, so that a change there re-runs only the stages it touches.",
+    )
+    user_data: bool = Field(False, description="Reads your JSONL under data/ (a dvc.yaml dependency).")
+    metrics: bool = Field(True, description="Logs metrics/<stage>/metrics.json (dvclive).")
+    plots: bool = Field(False, description="Logs a training curve (dvclive plots) beside its metrics.")
+    perf: bool = Field(
+        False, description="Writes metrics/<stage>/perf.json (throughput, MFU): not an output, so the lock stays put."
+    )
+
+
+@functools.cache
+def stage_kinds() -> dict[str, StageKind]:
+    """Every stage kind by name, in declaration order (dvc.yaml's)."""
+    declared = yaml.safe_load(DECLARATIONS.read_text())
+    kinds = TypeAdapter(list[StageKind]).validate_python([{"name": name, **kind} for name, kind in declared.items()])
+    return {kind.name: kind for kind in kinds}
