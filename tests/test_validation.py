@@ -42,6 +42,7 @@ MALFORMED_CONFIGS = [
         ["reward_model.parallel.num_workers=3"],
         "reward_model.batch_size: 32 pairs do not split evenly over reward_model.parallel.num_workers=3",
     ),
+    (["dpo.parallel.num_workers=3"], "dpo.batch_size: 64 pairs do not split evenly over dpo.parallel.num_workers=3"),
     (["ppo.rollout_engines=0"], "ppo.rollout_engines: must be >= 1"),
     (["sft_cold.parallel.num_workers=0"], "sft_cold.parallel.num_workers: must be >= 1"),
     (["retrain.metric=accuracy"], "retrain.metric: must be one of pass@1, pass@k"),

@@ -210,14 +210,16 @@ def cross_field_errors(params: Params) -> Iterator[str]:
                 f"{name}.max_length: must exceed {name}.max_prompt_length ({sft.max_prompt_length}), "
                 f"got {sft.max_length}"
             )
-    rl_batches = {name: getattr(params, name).minibatch_size for name in RL_SECTIONS}
-    for name, batch_size in {"reward_model": params.reward_model.batch_size, **rl_batches}.items():
-        workers = getattr(params, name).parallel.num_workers
-        key = "batch_size" if name == "reward_model" else "minibatch_size"
+    # What each data-parallel section splits over its workers: (key, what a batch holds).
+    splits = {"reward_model": ("batch_size", "pairs"), "dpo": ("batch_size", "pairs")}
+    splits |= {name: ("minibatch_size", "responses") for name in RL_SECTIONS}
+    for name, (key, unit) in splits.items():
+        cfg = getattr(params, name)
+        workers, batch_size = cfg.parallel.num_workers, getattr(cfg, key)
         if workers >= 1 and batch_size % workers:  # fewer is reported by its own range check
             yield (
-                f"{name}.{key}: {batch_size} {'pairs' if name == 'reward_model' else 'responses'} do not split "
-                f"evenly over {name}.parallel.num_workers={workers} workers"
+                f"{name}.{key}: {batch_size} {unit} do not split evenly over {name}.parallel.num_workers={workers} "
+                "workers"
             )
     yield from _model_key_errors(params)
     if "+" not in params.task.countdown.ops:  # the one operation that applies at every step of a solution

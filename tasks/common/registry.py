@@ -84,9 +84,9 @@ class StageInputs(Mapping[str, Path]):
         from tasks.common.artifacts import stage_dir, upstream_model
 
         artifact = self.artifacts[name]
-        models, round_models = model_kinds()
-        upstream = artifact.replace("@", "/").partition("/")[0]
-        return upstream_model(artifact) if upstream in models or upstream in round_models else stage_dir(artifact)
+        kind = stage_kinds().get(artifact.replace("@", "/").partition("/")[0])
+        # Anything but a dataset is a model: an unknown name is an error naming the models, never a hub download.
+        return stage_dir(artifact) if kind is not None and kind.writes != "model" else upstream_model(artifact)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.artifacts)
