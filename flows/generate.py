@@ -60,13 +60,10 @@ def _wrapped(text: str, first: str, rest: str) -> Iterator[str]:
 def _code_deps(kind: StageKind) -> list[str]:
     """The files a stage's entry module imports, transitively: its own module first, then the library, then the
     rest (a package whose every module is imported named once)."""
-    entry_file = transitive_imports(kind.entry.partition(":")[0])[kind.entry.partition(":")[0]]
-    files = {
-        str(path.relative_to(REPO))
-        for path in transitive_imports(kind.entry.partition(":")[0]).values()
-        if has_code(path)
-    }
-    own = str(entry_file.relative_to(REPO))
+    module = kind.entry.partition(":")[0]
+    imported = transitive_imports(module)
+    files = {str(path.relative_to(REPO)) for path in imported.values() if has_code(path)}
+    own = str(imported[module].relative_to(REPO))
     deps = {own}
     for path in sorted(files - {own, *_DECLARATIONS}):
         library = next((root for root in _LIBRARY if path.startswith(f"{root}/")), None)
