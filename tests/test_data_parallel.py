@@ -46,20 +46,20 @@ def project(tmp_path_factory):
     ray.shutdown()
 
 
-def _sft(project, *overrides: str) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """Run the sft stage in this process (one Ray for every run of the module); its loss at every step and its
+def _train(project, stage: str, *overrides: str) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Run a training stage in this process (one Ray for every run of the module); its loss at every step and its
     final weights."""
     with contextlib.chdir(project):
         params = load_params("params.yaml", overrides)
         with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
-            run_stage("sft", params)
-    rows = (project / "metrics/sft/plots/metrics/train/loss.tsv").read_text().splitlines()[1:]
-    return [float(row.split("\t")[-1]) for row in rows], load_file(project / "artifacts/sft/model.safetensors")
+            run_stage(stage, params)
+    rows = (project / f"metrics/{stage}/plots/metrics/train/loss.tsv").read_text().splitlines()[1:]
+    return [float(row.split("\t")[-1]) for row in rows], load_file(project / f"artifacts/{stage}/model.safetensors")
 
 
 @pytest.fixture(scope="module")
 def one_worker(project) -> tuple[list[float], dict[str, torch.Tensor]]:
-    return _sft(project, "sft.parallel.num_workers=1")
+    return _train(project, "sft", "sft.parallel.num_workers=1")
 
 
 def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tolerance: float) -> bool:
@@ -69,7 +69,7 @@ def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tolerance: fl
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_workers_train_what_one_does_and_repeat_their_own_bits(project, one_worker, strategy):
     one_losses, one = one_worker
-    two_losses, two = _sft(project, "sft.parallel.num_workers=2", f"sft.parallel.strategy={strategy}")
+    two_losses, two = _train(project, "sft", "sft.parallel.num_workers=2", f"sft.parallel.strategy={strategy}")
     assert len(one_losses) == len(two_losses) == 20
     assert all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(one_losses, two_losses, strict=True)), (
         one_losses,
@@ -77,7 +77,7 @@ def test_two_workers_train_what_one_does_and_repeat_their_own_bits(project, one_
     )
     assert _close(one, two, 1e-5)
     if strategy == "ddp":
-        _, again = _sft(project, "sft.parallel.num_workers=2")
+        _, again = _train(project, "sft", "sft.parallel.num_workers=2")
         assert all(torch.equal(two[k], again[k]) for k in two)  # a fixed world size: the same bits
 
 
@@ -183,16 +183,6 @@ def test_two_reward_model_workers_train_what_one_does(project):
 DPO = ("dpo.init=base", "dpo.max_steps=6", "dpo.log_every=1", "dpo.warmup_steps=1", "dpo.parallel.cpus_per_worker=0.5")
 
 
-def _dpo(project, *overrides: str) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """Run the dpo stage in this process; its loss at every step and its final weights."""
-    with contextlib.chdir(project):
-        params = load_params("params.yaml", [*DPO, *overrides])
-        with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
-            run_stage("dpo", params)
-    rows = (project / "metrics/dpo/plots/metrics/train/loss.tsv").read_text().splitlines()[1:]
-    return [float(row.split("\t")[-1]) for row in rows], load_file(project / "artifacts/dpo/model.safetensors")
-
-
 @pytest.fixture(scope="module")
 def dpo_one_worker(project) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Pairs of (solution, its reverse), the base model's reference log-probs of them, and DPO on one worker."""
@@ -205,7 +195,7 @@ def dpo_one_worker(project) -> tuple[list[float], dict[str, torch.Tensor]]:
         )
     with contextlib.chdir(project), redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
         run_stage("dpo_reference", load_params("params.yaml", DPO))
-    return _dpo(project)
+    return _train(project, "dpo", *DPO)
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
@@ -214,7 +204,7 @@ def test_two_dpo_workers_train_what_one_does(project, dpo_one_worker, strategy):
     FSDP runs one pass): two workers, each with half of every batch of pairs, log one worker's loss curve and end
     at its weights."""
     one_losses, one = dpo_one_worker
-    two_losses, two = _dpo(project, "dpo.parallel.num_workers=2", f"dpo.parallel.strategy={strategy}")
+    two_losses, two = _train(project, "dpo", *DPO, "dpo.parallel.num_workers=2", f"dpo.parallel.strategy={strategy}")
     assert len(one_losses) == len(two_losses) == 6
     assert all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(one_losses, two_losses, strict=True)), (
         one_losses,
