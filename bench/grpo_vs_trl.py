@@ -5,8 +5,8 @@
    sft_cold``): the starting policy of every leg.
 2. alignflow: ``alignflow stage grpo`` for ``--steps`` iterations with settings TRL also has (no
    dynamic sampling, one optimizer step per batch of prompts x group, k3 KL loss, clip-higher,
-   token-level loss, group-normalised advantages); its step times are its ``time/step`` metric, the
-   whole iteration with its bookkeeping.
+   token-level loss, group-normalised advantages); its step times are the ``total`` column of its
+   ``perf_steps.tsv``, the whole iteration with its bookkeeping.
 3. TRL: ``bench/trl_grpo.py`` in a virtual environment with TRL (made under ``.bench/`` on first
    use, so TRL never enters the project's environment), its step times from a callback. Twice: as
    GRPOConfig ships (gradient checkpointing on) and with gradient checkpointing off, which a model
@@ -49,10 +49,9 @@ SETTINGS = {  # grpo's defaults in params.yaml, where TRL has the setting
 }
 
 
-def _plot(project: Path, name: str) -> list[float]:
-    path = project / "metrics/grpo/plots/metrics" / f"{name}.tsv"
+def _column(path: Path, name: str) -> list[float]:
     with open(path) as handle:
-        return [float(row[name.rsplit("/", 1)[-1]]) for row in csv.DictReader(handle, delimiter="\t")]
+        return [float(row[name]) for row in csv.DictReader(handle, delimiter="\t")]
 
 
 def alignflow_leg(project: Path, steps: int) -> tuple[list[float], list[float]]:
@@ -77,8 +76,9 @@ def alignflow_leg(project: Path, steps: int) -> tuple[list[float], list[float]]:
         "grpo.rewards": f"{{accuracy: 1.0, format: {s['format_weight']}}}",
     }
     stage(project, "grpo", *(f"{key}={value}" for key, value in overrides.items()))
-    seconds = _plot(project, "time/step")
-    tokens = [length * s["prompts_per_step"] * s["group_size"] for length in _plot(project, "train/response_length")]
+    seconds = _column(project / "metrics/grpo/perf_steps.tsv", "total")
+    lengths = _column(project / "metrics/grpo/plots/metrics/train/response_length.tsv", "response_length")
+    tokens = [length * s["prompts_per_step"] * s["group_size"] for length in lengths]
     return seconds, tokens
 
 

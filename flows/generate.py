@@ -19,7 +19,7 @@ import yaml
 
 from flows.catalog import PIPELINES
 from flows.imports import REPO, has_code, transitive_imports
-from tasks.common.artifacts import model_dir
+from tasks.common.artifacts import PERF_FILE, PERF_STEPS_FILE, model_dir
 from tasks.common.config import Params
 from tasks.common.config.fields import schema_fields
 from tasks.common.registry import model_kinds, param_reference
@@ -129,9 +129,13 @@ def render_dvc_yaml(params: Params) -> str:
     out = [_DVC_HEADER.format(pipelines="\n".join(pipelines)), "stages:"]
     for stage in _stages():
         out += [*stage, ""]
-    perf = [kind.name for kind in stage_kinds().values() if kind.perf]
-    out += ["# Throughput and MFU of the stages that train: beside the lock, not outputs (they differ run to run)."]
-    out += ["metrics:", *[f"  - metrics/{name}/perf.json" for name in perf], ""]
+    perf = [kind for kind in stage_kinds().values() if kind.perf]
+    out += ["# Throughput, MFU and step times of the stages that train: beside the lock, not outputs (they vary)."]
+    out += ["metrics:", *[f"  - metrics/{kind.name}/{PERF_FILE}" for kind in perf], "plots:"]
+    for kind in perf:
+        if kind.perf == "steps":
+            out += [f"  - metrics/{kind.name}/{PERF_STEPS_FILE}:", "      x: step", "      y: [generate, score, train]"]
+    out += [""]
     out += [
         "# The model each pipeline delivers, as `alignflow retrain PIPELINE` registers it: GTO version tags",
         "# (<name>@vN.0.0) and stage tags (<name>#prod#K) on the commits holding its dvc.lock (`alignflow registry`).",

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.dag import dependencies_first, open_repo
+from tasks.common.artifacts import PERF_FILE
 
 _EVALUATION = re.compile(r"alignflow stage eval@(\S+)")
 
@@ -26,11 +27,14 @@ def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _metrics_of(stage: Any) -> dict[str, Any]:
+    """A stage's metrics, and its wall-clock numbers (perf.json beside them, not an output) under ``perf/``."""
     metrics: dict[str, Any] = {}
     for out in stage.outs:
         path = Path(out.fs_path)
         if out.metric and path.is_file():
             metrics.update(_flatten(json.loads(path.read_text())))
+            if (perf := path.with_name(PERF_FILE)).is_file():
+                metrics.update(_flatten(json.loads(perf.read_text()), "perf/"))
     return metrics
 
 

@@ -17,6 +17,12 @@ from flows.catalog import PIPELINES
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Under `pytest -n N` the test processes share the cores, and each one's torch (and every stage it starts, which
+# inherits this) would otherwise take all of them: on 2 cores, two pipeline test files side by side took 214 s
+# with 2 threads each and 163 s with 1 (docs/testing.md).
+if (_workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))) > 1:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // _workers))
+
 
 # The longest test files, longest first: under `pytest -n 2` a file runs whole on one process, and the file that
 # starts last sets when the run ends.

@@ -43,7 +43,7 @@ def test_the_pipeline_runs_every_stage_and_reports_each_models_gold_reward_and_t
     online = report["online_dpo"]
     assert online["dip"] >= 0 and (online["recovery_iterations"] is None or online["recovery_iterations"] >= 0)
     monitored = {f"train/{name}" for name in ("preference_loss", "gold_reward", "kl", "entropy", "logprob_parity")}
-    assert monitored | {"time/generate", "time/train"} <= set(online)
+    assert monitored | {"perf/generate_seconds_per_step", "perf/train_seconds_per_step"} <= set(online)
     # held-out gold reward before the first iteration (0) and every heldout_every=2 iterations
     heldout = (path / "metrics/online_dpo/plots/metrics/train/heldout/gold_reward.tsv").read_text().splitlines()
     assert [line.split("\t")[0] for line in heldout[1:]] == ["0", "2", "4"]

@@ -9,7 +9,7 @@ from tasks.common.params import load_params
 from tasks.data.datasets import read_examples
 from tasks.data.problems import PROBLEMS, Example, score_response
 from tasks.data.rejection_sampling import accepted
-from tests.conftest import ENV, make_project, repro, resume_after_kill, stages_run
+from tests.conftest import ENV, dvc, make_project, repro, resume_after_kill, stages_run
 
 R1_STAGES = {
     "data", "base", "sft", "preferences", "reward_backbone", "reward_model", "sft_cold", "grpo", "rejection@1",
@@ -55,15 +55,23 @@ def test_r1_pipeline_runs_every_stage_and_reports_pass_rates_after_each_in_order
         "train/entropy",
         "train/rewards/accuracy",
         "train/kl",
-        "time/generate",
-        "time/step",
+        "perf/generate_seconds_per_step",
+        "perf/total_seconds_per_step",
         "perf/update_mfu",
     ):
         assert name in grpo, name
-    perf = json.loads((r1["path"] / "metrics/grpo/perf.json").read_text())
+    perf, params = (
+        json.loads((r1["path"] / "metrics/grpo/perf.json").read_text()),
+        load_params(r1["path"] / "params.yaml"),
+    )
     assert 0 < perf["update_mfu"] < 1.5 and perf["update_tokens_per_second"] > 0
+    # Wall-clock numbers stay out of the stage's outputs (dvc.lock hashes those): a row per step in perf_steps.tsv.
+    steps = (r1["path"] / "metrics/grpo/perf_steps.tsv").read_text().splitlines()
+    assert steps[0].split("\t")[:5] == ["step", "generate", "score", "train", "total"]
+    assert [row.split("\t")[0] for row in steps[1:]] == [str(step) for step in range(1, params.grpo.steps + 1)]
+    assert {"time", "perf"}.isdisjoint(json.loads((r1["path"] / "metrics/grpo/metrics.json").read_text()))
     # Verified samples over all samples; the distinct ones kept (at most max_per_prompt a prompt) are among them.
-    rejection, cfg = report["rejection@1"], load_params(r1["path"] / "params.yaml").rejection
+    rejection, cfg = report["rejection@1"], params.rejection
     verified = rejection["acceptance_rate"] * cfg.num_prompts * cfg.samples_per_prompt
     assert verified >= rejection["accepted"] > 0
     assert rejection["accepted"] <= cfg.max_per_prompt * cfg.num_prompts
@@ -85,6 +93,8 @@ def test_grpo_killed_mid_run_resumes_to_identical_weights(r1):
     """grpo resets its reference every 2 iterations and checkpoints every 2: the reset survives the resume."""
     assert "grpo: resuming from the checkpoint at step 2" in resume_after_kill("grpo", r1["path"])
     assert (r1["path"] / "artifacts/grpo/model.safetensors").read_bytes() == r1["grpo"]
+    # and every output as dvc.lock recorded it, its metrics and training curve too
+    assert "grpo" not in dvc(r1["path"], "status", "grpo")
 
 
 @pytest.mark.slow

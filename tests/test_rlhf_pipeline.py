@@ -81,7 +81,14 @@ def test_rlhf_pipeline_runs_every_stage_and_reports_reward_accuracy_and_gold_rew
     assert best_of_n["gold_reward@bon2"] == pytest.approx(sum(row["gold"] for row in kept) / len(kept), abs=1e-5)
     assert best_of_n["gold_reward@oracle2"] >= best_of_n["gold_reward@bon2"]
     ppo = report["ppo"]
-    for name in ("kl", "kl_budget", "train/clip_fraction", "train/explained_variance", "time/generate", "time/score"):
+    for name in (
+        "kl",
+        "kl_budget",
+        "train/clip_fraction",
+        "train/explained_variance",
+        "perf/generate_seconds_per_step",
+        "perf/score_seconds_per_step",
+    ):
         assert name in ppo
     # The HF engine samples with the trainer's own numbers: parity is float32 round-off.
     assert ppo["train/logprob_parity"] < 1e-4

@@ -59,6 +59,11 @@ def metrics_dir(stage: str) -> Path:
     return METRICS / stage.replace("@", "/")
 
 
+# Beside a stage's metrics, the wall-clock numbers of a stage that trains (throughput, MFU, seconds per step) and
+# of each of its steps: not outputs, as they differ run to run and dvc.lock hashes a stage's outputs.
+PERF_FILE, PERF_STEPS_FILE = "perf.json", "perf_steps.tsv"
+
+
 def member_dirs(root: Path = REWARD_MODEL_DIR) -> list[Path]:
     """The reward-model ensemble's model directories, in member order."""
     return sorted(root.glob("member-*"), key=lambda path: int(path.name.split("-")[1]))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dvclive import Live
 
-from tasks.common.artifacts import atomic_output, metrics_dir
+from tasks.common.artifacts import PERF_FILE, PERF_STEPS_FILE, atomic_output, metrics_dir
 
 
 @contextmanager
@@ -36,11 +36,13 @@ def log_step(live: Live, step: int, metrics: dict[str, float], prefix: str = "tr
         live.log_metric(f"{prefix}{name}", value)
 
 
-def write_perf(live: Live, numbers: dict[str, float]) -> None:
-    """A stage's wall-clock numbers (throughput, MFU) as ``metrics/<stage>/perf.json``: not a stage output, as they
-    change run to run and dvc.lock hashes outputs; dvc.yaml lists them as metrics, so `dvc metrics show` shows them."""
+def write_perf(live: Live, numbers: dict[str, float], steps: list[dict[str, float]] | None = None) -> None:
+    """A stage's wall-clock numbers as ``metrics/<stage>/perf.json`` (throughput, MFU, seconds per step) and, when
+    given, ``perf_steps.tsv`` (a row per step: its phases' seconds). They change run to run and dvc.lock hashes a
+    stage's outputs, so neither is one: dvc.yaml lists them as top-level metrics and plots instead."""
     rounded = {name: value if isinstance(value, int) else float(f"{value:.4g}") for name, value in numbers.items()}
     (Path(live.dir) / PERF_FILE).write_text(json.dumps(rounded, indent=2) + "\n")
-
-
-PERF_FILE = "perf.json"
+    if steps:
+        columns = list(dict.fromkeys(name for row in steps for name in row))
+        rows = ["\t".join(f"{row[name]:.4g}" if name in row else "" for name in columns) for row in steps]
+        (Path(live.dir) / PERF_STEPS_FILE).write_text("\n".join(["\t".join(columns), *rows]) + "\n")

@@ -263,6 +263,7 @@ def train(
         workers = cfg.parallel.num_workers
         threads = cfg.parallel.threads_per_worker if workers > 1 else torch.get_num_threads()
         raised: set[str] = set()
+        timings: list[dict[str, float]] = []  # wall-clock: perf files, never the metrics (dvc.lock hashes those)
         for step in progress:
             started = time.perf_counter()
             clock = dict.fromkeys(("time/generate", "time/score", "time/train"), 0.0)
@@ -287,19 +288,17 @@ def train(
             if cfg.ref_reset_every and state.step % cfg.ref_reset_every == 0:
                 reference_reset = roles["actor"].call("weights").result()
                 roles["reference"].call("load_weights", reference_reset).result()
-            # Wall-clock times vary run to run: log them, but keep them out of the resumable history.
             logged = {name: float(f"{value:.6g}") for name, value in metrics.items()}
             state.history.append((state.step, logged))
             log_step(live, state.step, logged)
             # the phases and the bookkeeping around them; alarms and checkpoints come after
-            clock["time/step"] = time.perf_counter() - started
-            log_step(live, state.step, {name: round(seconds, 4) for name, seconds in clock.items()}, prefix="")
+            phases = {name.removeprefix("time/"): seconds for name, seconds in clock.items()}
+            timings.append({"step": state.step, **phases, "total": time.perf_counter() - started})
             if rollout is not None and clock["time/train"] > 0:
                 # the update's model FLOPs utilisation: its passes over the rollout's real tokens, epochs times
                 trained = rollout.tokens(tokenizer) * cfg.epochs
                 updates.add(trained, clock["time/train"])
-                latest = mfu(parameters, trained, clock["time/train"], threads, workers)
-                log_step(live, state.step, {"perf/update_mfu": round(latest, 4)}, prefix="")
+                timings[-1]["update_mfu"] = mfu(parameters, trained, clock["time/train"], threads, workers)
             progress.set_postfix(reward=logged.get("reward"), gold=logged.get("gold_reward"))
             if rollout is not None:
                 for alarm in alarms(state.history, cfg):
@@ -316,10 +315,15 @@ def train(
         if heldout:
             live.summary["dip"], live.summary["recovery_iterations"] = dip_and_recovery(state.history)
         live.make_summary()
-        if updates.seconds:
-            numbers = updates.numbers(parameters, threads, workers)
-            renamed = {"tokens_per_second": "update_tokens_per_second", "mfu": "update_mfu"}
-            write_perf(live, {renamed.get(name, name): value for name, value in numbers.items()})
+        if timings:
+            numbers = {
+                f"{phase}_seconds_per_step": sum(row[phase] for row in timings) / len(timings)
+                for phase in ("generate", "score", "train", "total")
+            }
+            if updates.seconds:
+                renamed = {"tokens_per_second": "update_tokens_per_second", "mfu": "update_mfu"}
+                numbers |= {renamed.get(k, k): v for k, v in updates.numbers(parameters, threads, workers).items()}
+            write_perf(live, numbers, timings)
         roles["actor"].call("save", out, init_dir).result()
     checkpointer.clear()
 

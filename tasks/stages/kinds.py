@@ -45,8 +45,10 @@ class StageKind:
     user_data: bool = Field(False, description="Reads your JSONL under data/ (a dvc.yaml dependency).")
     metrics: bool = Field(True, description="Logs metrics/<stage>/metrics.json (dvclive).")
     plots: bool = Field(False, description="Logs a training curve (dvclive plots) beside its metrics.")
-    perf: bool = Field(
-        False, description="Writes metrics/<stage>/perf.json (throughput, MFU): not an output, so the lock stays put."
+    perf: Literal["run", "steps"] | None = Field(
+        None,
+        description="Wall-clock numbers it writes, neither an output so that the lock stays put: 'run', "
+        "metrics/<stage>/perf.json (throughput, MFU); 'steps', also perf_steps.tsv (each step's phases, seconds).",
     )
 
 
