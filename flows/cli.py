@@ -1,6 +1,7 @@
 """The ``alignflow`` command line."""
 
 import argparse
+import errno
 import importlib
 import json
 import os
@@ -168,6 +169,15 @@ def _run_stage(args: argparse.Namespace) -> None:
     run_stage(args.name, params)
 
 
+def _check_user_data(params: Any) -> None:
+    """Every row of your own data, read as the data stage will: a bad shard is named before Ray or Prefect start."""
+    from tasks.data.datasets import read_shards
+
+    for source in (params.data.train_file, params.data.test_file):
+        if source is not None:
+            read_shards(source, params.task.name)
+
+
 def _run_pipeline(args: argparse.Namespace) -> None:
     import threading
 
@@ -175,6 +185,7 @@ def _run_pipeline(args: argparse.Namespace) -> None:
     from tasks.common.params import load_params
 
     params = load_params("params.yaml", args.overrides)  # the same messages as `alignflow stage`, before Prefect starts
+    _check_user_data(params)
     # Ray's start-up mostly waits on its daemons, Prefect's import mostly computes: overlap the two.
     # (ray.init must run on the main thread, so the imports go to a helper thread.)
     importer = threading.Thread(target=importlib.import_module, args=("flows.pipelines",))
@@ -218,12 +229,13 @@ def _retrain(args: argparse.Namespace) -> None:
     from tasks.common.params import load_params
 
     params = load_params("params.yaml", args.overrides)  # before Prefect or Ray start
-    connect_ray(params.runner)
+    _check_user_data(params)
     from flows.overrides import form_values
     from flows.pipelines import FORMS
     from flows.retrain import RETRAIN_FLOWS
 
     form = form_values(args.pipeline, FORMS[args.pipeline], args.overrides)
+    connect_ray(params.runner)
     print(json.dumps(RETRAIN_FLOWS[args.pipeline](params=form), indent=2))
 
 
@@ -241,12 +253,17 @@ def _who(reason: str) -> str:
 
 
 def _promote(args: argparse.Namespace) -> None:
-    from flows.registry import assign_prod, commit_of, parse_version, pipeline_of
+    from flows.lineage import recorded_model
+    from flows.registry import assign_prod, commit_of, parse_version, pipeline_of, prod_version
 
     artifact, _, version = args.version.partition("@")
     pipeline_of(artifact)
     version = parse_version(version)
-    commit_of(Path.cwd(), artifact, version)  # names the version when there is none
+    commit = commit_of(Path.cwd(), artifact, version)  # names the version when there is none
+    recorded_model(Path.cwd(), artifact, version, commit)  # a version whose commit holds no model is refused
+    if (prod_version(Path.cwd(), artifact) or ("",))[0] == version:
+        print(f"{artifact}@{version} is already in prod: nothing to do")
+        return
     assign_prod(Path.cwd(), artifact, version, f"promoted by {_who(args.reason)}")
     print(f"{artifact}@{version} is in prod")
 
@@ -289,6 +306,24 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+# The commands that read the project's git history or DVC pipeline, and so need both.
+_IN_A_PROJECT = ("repro", "run", "retrain", "registry", "promote", "rollback", "lineage", "report")
+
+
+def _require_project(command: str) -> None:
+    """One line naming what is missing where, before git, DVC or GTO answer with a traceback."""
+    from tasks.common.config import ConfigError
+
+    here = Path.cwd()
+    above = (here, *here.parents)
+    for needed, what in ((".dvc", "a DVC project"), (".git", "a git repository")):
+        if not any((directory / needed).exists() for directory in above):
+            raise ConfigError(
+                f"{here}: not in {what} (no {needed} here or above); `alignflow {command}` runs in an alignflow "
+                "project: a clone of it, or any git repository with `dvc init` run"
+            )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["stage"] and len(argv) > 1 and not argv[1].startswith("-") and {"-h", "--help"} & set(argv):
@@ -308,6 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tasks.data.datasets import DatasetError
 
     try:
+        if args.command in _IN_A_PROJECT:
+            _require_project(args.command)
         commands = {
             "stage": _run_stage,
             "repro": _repro,
@@ -328,6 +365,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, DatasetError, ValueError) as error:
         print(f"alignflow: error: {error}", file=sys.stderr)
         return 2
+    except OSError as error:
+        # what the machine refuses (a read-only or full disk): the path, not a traceback; anything else is a bug
+        if error.errno not in _REFUSED_BY_THE_MACHINE or error.filename is None:
+            raise
+        print(f"alignflow: error: {error.filename}: {error.strerror}", file=sys.stderr)
+        return 1
+
+
+_REFUSED_BY_THE_MACHINE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
 
 
 if __name__ == "__main__":

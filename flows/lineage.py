@@ -31,12 +31,26 @@ def resolve(project: Path, reference: str) -> tuple[str, str, str]:
     return artifact, *in_prod
 
 
+def recorded_model(project: Path, artifact: str, version: str, commit: str) -> tuple[DVCFileSystem, dict, str]:
+    """(the commit's files, its dvc.lock's stages, the model's path) of a registered version; ConfigError naming
+    the tag when its commit records no model (a tag made by hand on a commit without one)."""
+    tag, fs = f"{artifact}@{version}", DVCFileSystem(str(project), rev=commit)
+    try:
+        lock = yaml.safe_load(fs.read_text("dvc.lock"))["stages"]
+        path = yaml.safe_load(fs.read_text("dvc.yaml"))["artifacts"][artifact]["path"]
+    except FileNotFoundError as error:
+        raise ConfigError(f"{tag}: its commit {commit[:8]} has no {Path(error.filename or 'dvc.lock').name}") from None
+    except (KeyError, TypeError):
+        raise ConfigError(f"{tag}: its commit {commit[:8]} declares no artifact {artifact!r} in dvc.yaml") from None
+    if not any(out["path"] == path for stage in lock.values() for out in stage.get("outs", [])):
+        raise ConfigError(f"{tag}: its commit {commit[:8]} holds no model: its dvc.lock records no {path}")
+    return fs, lock, path
+
+
 def lineage(project: Path, reference: str) -> dict[str, Any]:
     """The model's version, commit and path, and every stage behind it, model first, as its dvc.lock records."""
     artifact, version, commit = resolve(project, reference)
-    fs = DVCFileSystem(str(project), rev=commit)
-    lock = yaml.safe_load(fs.read_text("dvc.lock"))["stages"]
-    path = yaml.safe_load(fs.read_text("dvc.yaml"))["artifacts"][artifact]["path"]
+    fs, lock, path = recorded_model(project, artifact, version, commit)
     producer = {out["path"]: name for name, stage in lock.items() for out in stage.get("outs", [])}
     chain, pending, seen = [], [producer[path]], set()
     while pending:

@@ -10,7 +10,7 @@ experiment commit); the tag's message is the gate's decision as JSON. A stage as
 import json
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -194,10 +194,14 @@ def registry(project: Path) -> list[dict[str, Any]]:
 
 
 def _decision(message: str) -> dict[str, Any] | str:
+    """The gate's decision the registration tag's message holds; the message as it is when it holds none (a version
+    registered by hand with `gto register -m ...`)."""
     try:
-        return json.loads(message)
+        decision = json.loads(message)
     except json.JSONDecodeError:
-        return message  # registered by hand with `gto register -m ...`
+        return message
+    required = {f.name for f in fields(Decision) if f.default is MISSING and f.default_factory is MISSING}
+    return decision if isinstance(decision, dict) and required <= decision.keys() else message
 
 
 def render(rows: list[dict[str, Any]]) -> str:
@@ -213,9 +217,11 @@ def render(rows: list[dict[str, Any]]) -> str:
         )
         if isinstance(decision, dict):
             verdict = "promoted" if decision["promoted"] else "rejected"
-            lines.append(f"    gate: {verdict}: {decision['reason']}; remote: {decision['push']}")
-            if decision["quarantined"]:
+            lines.append(f"    gate: {verdict}: {decision['reason']}; remote: {decision.get('push', 'not pushed')}")
+            if decision.get("quarantined"):
                 lines.append(f"    quarantined: {', '.join(decision['quarantined'])}")
+        else:
+            lines.append(f"    gate: none recorded (registered by hand: {decision!r})")
         for assignment in row["assignments"]:
             arrow = "->" if assignment["event"] == "assignment" else "left"
             lines.append(f"    {assignment['at']} {arrow} {assignment['stage']}: {assignment['why']}")

@@ -15,19 +15,17 @@ from tasks.common.config import RemoteConfig
 REMOTE = "alignflow"
 
 
-def remote_url(project: Path, cfg: RemoteConfig) -> str:
-    """``cfg.url`` with a directory made absolute (relative to the project, ``~`` expanded): DVC resolves a
-    relative path against .dvc/, which a clone elsewhere would not share."""
-    if "://" in cfg.url:
-        return cfg.url
-    return os.path.abspath(os.path.join(project, os.path.expanduser(cfg.url)))
+def remote_url(cfg: RemoteConfig) -> str:
+    """``cfg.url`` with ``~`` expanded: params accept only a URL or an absolute directory (a relative one DVC would
+    resolve against .dvc/, inside the project)."""
+    return cfg.url if "://" in cfg.url else os.path.expanduser(cfg.url)
 
 
 def configure(project: Path, cfg: RemoteConfig) -> None:
     """Make the params' remote the project's default DVC remote: in .dvc/config, committed with every version so a
     clone knows where its bytes are, and in .dvc/config.local, which DVC reads whichever commit it is looking at,
     so a push of every version's objects sends them all to today's remote (not to the one a version was made with)."""
-    remote = {"url": remote_url(project, cfg)}
+    remote = {"url": remote_url(cfg)}
     if cfg.endpoint_url:
         remote["endpointurl"] = cfg.endpoint_url
     with open_repo(project) as repo:
@@ -44,7 +42,7 @@ def push(project: Path, cfg: RemoteConfig) -> tuple[bool, str]:
     object stays in the local cache, and the next push (every tag's, not only the newest) sends what is missing.
     """
     configure(project, cfg)
-    url = remote_url(project, cfg)
+    url = remote_url(cfg)
     try:
         with open_repo(project) as repo:
             count = repo.push(remote=REMOTE, all_tags=True)

@@ -53,7 +53,6 @@ def project(tmp_path, monkeypatch) -> Path:
 
 
 TINY = [
-    "remote.url=.alignflow/remote",  # each project pushes to a remote of its own, never to ~/.alignflow
     "data.num_train=512",
     "data.num_test=16",
     "base.hidden_size=32",
@@ -164,7 +163,10 @@ def make_project(path: Path, overrides: tuple[str, ...] = ()) -> Path:
         if (REPO / name).is_file():
             (path / name).parent.mkdir(parents=True, exist_ok=True)
             (path / name).write_bytes((REPO / name).read_bytes())
-    params = OmegaConf.merge(OmegaConf.load(path / "params.yaml"), OmegaConf.from_dotlist([*TINY, *overrides]))
+    # each project pushes to a remote of its own, never to ~/.alignflow
+    own_remote = f"remote.url={path.resolve() / '.alignflow/remote'}"
+    dotlist = [*TINY, own_remote, *overrides]
+    params = OmegaConf.merge(OmegaConf.load(path / "params.yaml"), OmegaConf.from_dotlist(dotlist))
     OmegaConf.save(params, path / "params.yaml")
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run(["git", "init", "-q"], cwd=path, check=True)

@@ -22,12 +22,14 @@ from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from flows.local_server import free_port
-from tasks.common.config import ConfigError, ParallelConfig, Params, RewardModelConfig
+from tasks.common.cluster import connect_ray
+from tasks.common.config import ConfigError, ParallelConfig, Params, RewardModelConfig, StageResources
 from tasks.common.distributed import Rank, WorkerLost, data_parallel, run_data_parallel
 from tasks.common.params import load_params
 from tasks.common.registry import run_stage
 from tasks.common.training import Checkpointer
 from tasks.data.datasets import PreferencePair, read_examples, write_jsonl
+from tasks.rl.placement import check_engines_fit
 from tasks.stages.reward_model import train_member
 from tests.conftest import ENV, kill_at_first_checkpoint, make_project
 
@@ -261,6 +263,14 @@ def test_a_lost_worker_fails_with_its_name_and_too_many_workers_fail_at_once(pro
     with pytest.raises(ConfigError, match=r"sft.parallel.num_workers: 3 workers of .* do not fit this Ray cluster"):
         run_data_parallel(_lose_rank_one, ParallelConfig(num_workers=3, cpus_per_worker=8), "sft.parallel")
     assert time.monotonic() - started < 60
+
+
+def test_rollout_engines_the_cluster_cannot_hold_are_refused_naming_the_key(project):
+    connect_ray(Params().runner)
+    cpus = int(ray.cluster_resources()["CPU"])
+    check_engines_fit(cpus, StageResources(num_cpus=1), "grpo")  # as many as there are CPUs: they fit
+    with pytest.raises(ConfigError, match=rf"grpo.rollout_engines: {cpus + 1} engines of grpo.roles.rollout .* CPU"):
+        check_engines_fit(cpus + 1, StageResources(num_cpus=1), "grpo")
 
 
 def _stop_ray_nodes(port: int) -> None:

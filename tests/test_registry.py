@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from flows.cli import main
 from flows.gate import decide
 from flows.registry import Decision, assign_prod, prod_version, register, registry, render, rollback
 from tasks.common.config import GATE_METRICS, ConfigError, RetrainConfig
@@ -128,3 +129,58 @@ def test_rollback_needs_an_earlier_prod_version(repo):
     assign_prod(repo, "sft", "v1.0.0", "gate: first")
     with pytest.raises(ConfigError, match="no earlier prod version"):
         rollback(repo, "sft", "ops")
+
+
+def _tags(repo: Path) -> list[str]:
+    return _git(repo, "tag").split()
+
+
+def _commit_a_model(repo: Path) -> str:
+    """A commit whose dvc.lock records the model's directory, as a retrain's candidate commit does."""
+    (repo / "dvc.lock").write_text(
+        "schema: '2.0'\nstages:\n  sft:\n    cmd: alignflow stage sft\n    outs:\n    - path: artifacts/sft\n"
+        "      md5: 0123456789abcdef0123456789abcdef.dir\n"
+    )
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "a model")
+    return _git(repo, "rev-parse", "HEAD")
+
+
+def test_promoting_the_version_in_prod_is_a_no_op_that_says_so(repo, monkeypatch, capsys):
+    register(repo, "sft", _commit_a_model(repo), Decision(True, "first", {}))
+    monkeypatch.chdir(repo)
+    assert main(["promote", "sft@v1"]) == 0
+    tags = _tags(repo)
+    assert main(["promote", "sft@v1"]) == 0
+    assert "sft@v1.0.0 is already in prod: nothing to do" in capsys.readouterr().out
+    assert _tags(repo) == tags
+
+
+def test_a_version_whose_commit_holds_no_model_is_refused_naming_the_tag(repo, monkeypatch, capsys):
+    register(repo, "sft", _commit(repo, 1), Decision(True, "by hand", {}))  # no dvc.lock in that commit
+    tags = _tags(repo)
+    monkeypatch.chdir(repo)
+    for command in (["promote", "sft@v1"], ["lineage", "sft@v1"]):
+        assert main(command) == 2
+        assert f"sft@v1.0.0: its commit {_commit(repo, 1)[:8]} has no dvc.lock" in capsys.readouterr().err
+    assert _tags(repo) == tags
+
+
+@pytest.mark.parametrize("message", ['{"promoted": true}', "[1, 2]", "42", "shipped by hand"])
+def test_a_registration_message_that_is_no_gate_decision_is_shown_as_written(repo, monkeypatch, capsys, message):
+    gto.api.register(str(repo), "sft", _commit(repo, 1), version="v1.0.0", message=message)
+    monkeypatch.chdir(repo)
+    assert main(["registry"]) == 0
+    assert f"gate: none recorded (registered by hand: {message!r})" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", [["registry"], ["promote", "sft@v1"], ["report"], ["lineage", "sft"]])
+def test_a_registry_command_outside_a_project_says_so_in_one_line(tmp_path, monkeypatch, capsys, command):
+    monkeypatch.chdir(tmp_path)
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"alignflow: error: {tmp_path}: not in a DVC project (no .dvc here or above); `alignflow {command[0]}` runs "
+        "in an alignflow project: a clone of it, or any git repository with `dvc init` run\n"
+    )
+    assert list(tmp_path.iterdir()) == []

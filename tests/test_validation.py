@@ -9,6 +9,7 @@ import pytest
 from flows.cli import main
 from tasks.common.config import Params
 from tasks.common.params import fields_with_keys, load_params
+from tests.conftest import ENV, make_project
 
 MALFORMED_CONFIGS = [
     (["sft.lrr=0.1"], "sft.lrr: unknown key"),
@@ -120,6 +121,18 @@ MALFORMED_CONFIGS = [
     (["student_base.num_heads=3"], "student_base.num_heads: must divide student_base.hidden_size (64)"),
     (["student_base.max_position_embeddings=64"], "student_base.max_position_embeddings: must be >= 96"),
     (["student_base.model_path=/tmp"], "student_base.model_path: '/tmp' is not a Hugging Face model directory"),
+    # A remote DVC would take as a directory inside the project, and push into.
+    (["remote.url=''"], "remote.url: must be an absolute directory, ~/..., or a URL such as s3://bucket/path, got ''"),
+    (["remote.url=htp:://garbage url"], "remote.url: not a URL of a scheme DVC supports"),
+    (["remote.url=s3:/my-bucket/alignflow"], "did you mean s3://my-bucket/alignflow?"),
+    (["remote.url=remote"], "remote.url: must be an absolute directory"),
+    (["remote.endpoint_url=not a url"], "remote.endpoint_url: not an http(s):// URL, got 'not a url'"),
+    (["retrain.margin=2"], "retrain.margin: must be <= 1, got 2 (every gate metric lies in [0, 1]"),
+    (["runner.schedules={sfft: '0 3 * * 1'}"], "runner.schedules.sfft: not a pipeline (sft, rlhf"),
+    (["sft.parallel.resources_per_worker={node_b: -1}"], "sft.parallel.resources_per_worker.node_b: an amount"),
+    (["grpo.parallel.resources_per_worker={'': 1}"], "grpo.parallel.resources_per_worker: a resource needs a name"),
+    (["=1"], "override '=1': no key before '='"),
+    (["sft.init=${nosuch.key}"], "override 'sft.init=${nosuch.key}': sft.init: Interpolation key 'nosuch.key'"),
 ]
 
 
@@ -201,6 +214,8 @@ COUNTDOWN_ROW = {
     "meta": {"numbers": [3, 25, 27], "target": 49},
 }
 
+# GOOD_ROW and OTHER_GOOD_ROW are arithmetic problems: a project reads rows of its own task.name only.
+ARITHMETIC = "task.name=arithmetic"
 OTHER_GOOD_ROW = {**GOOD_ROW, "prompt": "11+31=", "solution": "<think>1+1+0=2,1+3+0=4</think><answer>42</answer>"}
 
 MALFORMED_ROWS = [
@@ -222,6 +237,9 @@ MALFORMED_ROWS = [
     (json.dumps({**COUNTDOWN_ROW, "prompt": "50 from 3,25,27:"}), "does not state meta's numbers and target"),
     (json.dumps({**COUNTDOWN_ROW, "meta": {"numbers": [3, 25, 27, 1], "target": 49}}), "does not state meta's"),
     ('{"prompt": "12+30=", "answer": "4\udcff"}', "not UTF-8 text"),
+    (json.dumps({**GOOD_ROW, "prompt": "1" * 20_000}), "'prompt' is 20000 characters, over the 16384"),
+    (json.dumps({**GOOD_ROW, "meta": {"note": "x" * 70_000}}), "bytes, over the 65536 a row may hold"),
+    (json.dumps(COUNTDOWN_ROW), "a 'countdown' row in a 'arithmetic' project (task.name)"),
 ]
 
 
@@ -230,7 +248,7 @@ def test_malformed_dataset_row_is_rejected_naming_file_and_line(project, capsys,
     rows = [json.dumps(GOOD_ROW), json.dumps(OTHER_GOOD_ROW), bad_row]
     # surrogateescape: a lone surrogate in a case stands for a byte that is not UTF-8
     (project / "data/bad.jsonl").write_bytes(("\n".join(rows) + "\n").encode("utf-8", "surrogateescape"))
-    assert main(["stage", "data", "data.train_file=data/bad.jsonl"]) == 2
+    assert main(["stage", "data", ARITHMETIC, "data.train_file=data/bad.jsonl"]) == 2
     error = capsys.readouterr().err
     assert "data/bad.jsonl:3:" in error and message in error
     assert _produced(project) == []
@@ -264,16 +282,47 @@ def test_malformed_preference_row_is_rejected_before_any_sampling(project, capsy
     assert _produced(project) == []
 
 
+def test_repeated_rows_are_kept_and_said_with_their_count_and_first_place(project, capsys):
+    rows = [GOOD_ROW, OTHER_GOOD_ROW, GOOD_ROW, GOOD_ROW]
+    (project / "data/mine.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main(["stage", "data", ARITHMETIC, "data.train_file=data/mine.jsonl", "data.num_test=5"]) == 0
+    warned = capsys.readouterr().err
+    assert "data/mine.jsonl: 2 row(s) repeat an earlier one" in warned
+    assert "(data/mine.jsonl:3 repeats data/mine.jsonl:1)" in warned
+    assert len((project / "artifacts/data/train.jsonl").read_text().splitlines()) == 4
+
+
+@pytest.mark.parametrize("link", ["file", "directory", "shard"])
+def test_a_link_out_of_data_is_refused_naming_the_key_and_the_link(project, tmp_path_factory, capsys, link):
+    outside = tmp_path_factory.mktemp("outside")
+    (outside / "rows.jsonl").write_text(json.dumps(GOOD_ROW) + "\n")
+    if link == "file":
+        (project / "data/rows.jsonl").symlink_to(outside / "rows.jsonl")
+        source, named = "data/rows.jsonl", "data/rows.jsonl"
+    elif link == "directory":
+        (project / "data/shards").symlink_to(outside, target_is_directory=True)
+        source, named = "data/shards", "data/shards/rows.jsonl"
+    else:
+        (project / "data/shards").mkdir()
+        (project / "data/shards/a.jsonl").write_text(json.dumps(OTHER_GOOD_ROW) + "\n")
+        (project / "data/shards/b.jsonl").symlink_to(outside / "rows.jsonl")
+        source, named = "data/shards", "data/shards/b.jsonl"
+    assert main(["stage", "data", ARITHMETIC, f"data.train_file={source}"]) == 2
+    refused = f"data.train_file: '{named}' is a link to '{outside / 'rows.jsonl'}', outside data/"
+    assert refused in capsys.readouterr().err
+    assert _produced(project) == []
+
+
 def test_empty_dataset_file_is_rejected(project, capsys):
     (project / "data/bad.jsonl").write_text("\n")
-    assert main(["stage", "data", "data.train_file=data/bad.jsonl"]) == 2
+    assert main(["stage", "data", ARITHMETIC, "data.train_file=data/bad.jsonl"]) == 2
     assert "data/bad.jsonl: no rows" in capsys.readouterr().err
 
 
 def test_user_jsonl_is_accepted_and_kept_apart_from_the_generated_split(project):
     rows = [GOOD_ROW, {**GOOD_ROW, "prompt": "30+12=", "solution": "<think>0+2+0=2,3+1+0=4</think><answer>42</answer>"}]
     (project / "data/mine.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    assert main(["stage", "data", "data.test_file=data/mine.jsonl", "data.num_train=50"]) == 0
+    assert main(["stage", "data", ARITHMETIC, "data.test_file=data/mine.jsonl", "data.num_train=50"]) == 0
     test = [json.loads(line) for line in (project / "artifacts/data/test.jsonl").read_text().splitlines()]
     train = [json.loads(line) for line in (project / "artifacts/data/train.jsonl").read_text().splitlines()]
     assert [row["prompt"] for row in test] == ["12+30=", "30+12="]
@@ -287,7 +336,7 @@ def test_shards_of_a_directory_or_glob_are_read_in_name_order(project, source):
     (shards / "b.jsonl").write_text(json.dumps(OTHER_GOOD_ROW) + "\n")
     (shards / "a.jsonl").write_text(json.dumps(GOOD_ROW) + "\n")
     (shards / "notes.txt").write_text("not a shard")
-    assert main(["stage", "data", f"data.train_file={source}", "data.num_test=5"]) == 0
+    assert main(["stage", "data", ARITHMETIC, f"data.train_file={source}", "data.num_test=5"]) == 0
     train = [json.loads(line) for line in (project / "artifacts/data/train.jsonl").read_text().splitlines()]
     assert [row["prompt"] for row in train] == ["12+30=", "11+31="]
 
@@ -297,7 +346,7 @@ def test_a_corrupt_shard_is_named_by_file_and_line(project, capsys):
     shards.mkdir()
     (shards / "1.jsonl").write_text(json.dumps(GOOD_ROW) + "\n")
     (shards / "2.jsonl").write_text(json.dumps(OTHER_GOOD_ROW) + "\n" + json.dumps({**GOOD_ROW, "answer": "41"}) + "\n")
-    assert main(["stage", "data", "data.train_file=data/shards"]) == 2
+    assert main(["stage", "data", ARITHMETIC, "data.train_file=data/shards"]) == 2
     assert "data/shards/2.jsonl:2:" in capsys.readouterr().err
     assert _produced(project) == []
 
@@ -306,15 +355,18 @@ def test_a_failing_stage_leaves_the_previous_output_untouched(project, capsys):
     assert main(["stage", "data", "data.num_train=50", "data.num_test=5"]) == 0
     before = {p.name: p.read_bytes() for p in (project / "artifacts/data").iterdir()}
     (project / "data/bad.jsonl").write_text(json.dumps(GOOD_ROW) + "\n{broken\n")
-    assert main(["stage", "data", "data.train_file=data/bad.jsonl"]) == 2
+    assert main(["stage", "data", ARITHMETIC, "data.train_file=data/bad.jsonl"]) == 2
     assert {p.name: p.read_bytes() for p in (project / "artifacts/data").iterdir()} == before
     assert not list((project / "artifacts").glob(".tmp-*"))
 
 
-@pytest.mark.parametrize("name", ["train", "eval", "sft@base"])
-def test_unknown_or_misaddressed_stage_is_rejected(project, capsys, name):
+@pytest.mark.parametrize(
+    "name", ["train", "eval", "sft@base", "sft_rs@../../etc", "rejection@2", "eval@../../etc", "eval@sft_rs/9"]
+)
+def test_unknown_or_misaddressed_stage_is_rejected_before_anything_is_created(project, capsys, name):
     assert main(["stage", name]) == 2
     assert f"stage {name!r}" in capsys.readouterr().err
+    assert sorted(p.name for p in project.iterdir()) == ["data", "params.yaml"]
 
 
 def test_help_explains_the_stages_and_commands(capsys):
@@ -345,3 +397,29 @@ def test_a_reward_model_weighted_zero_is_no_reward_model_in_a_stage_that_does_no
 
     params = load_params(overrides=["grpo.rewards={accuracy: 1.0, reward_model: 0.0}"])
     assert params.grpo.rewards["reward_model"] == 0.0
+
+
+def test_a_legal_but_pointless_value_is_warned_about_once_naming_the_key(project, capsys):
+    for _ in range(2):  # a process reads params more than once
+        load_params("params.yaml", ["grpo.sync_every=100000"])
+    warned = capsys.readouterr().err
+    assert warned.count("grpo.sync_every: 100000 exceeds the stage's") == 1, warned
+
+
+@pytest.mark.parametrize("command", ["retrain", "run"])
+def test_a_bad_shard_is_named_before_ray_or_prefect_start(tmp_path, command):
+    project = make_project(tmp_path)
+    (project / "data/shards").mkdir()
+    (project / "data/shards/1.jsonl").write_text("\n")  # a shard, with no rows
+    # Neither answers: had either been reached first, its own error would come instead of the shard's.
+    env = {**ENV, "PREFECT_API_URL": "http://127.0.0.1:9/api", "RAY_ADDRESS": "127.0.0.1:9"}
+    result = subprocess.run(
+        ["alignflow", command, "sft", "data.train_file=data/shards"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr == "alignflow: error: data/shards/1.jsonl: no rows\n"

@@ -1,18 +1,21 @@
 """Where stages put what they produce, and how they put it there without half-writes.
 
-A stage writes into a temporary sibling of its output and renames it into place
-only when it finishes, so a failed or killed stage never leaves a partial output
-(a leftover ``.tmp-*`` directory from a killed run is cleared on the next start).
+A stage writes into a temporary sibling of each output and renames them all into place, its metrics with its
+model, only when it finishes, so a failed or killed stage never leaves a partial output (a leftover ``.tmp-*``
+directory from a killed run is cleared on the next start); one run of a stage at a time holds its lock.
 The paths here are the ones ``dvc.yaml`` declares.
 """
 
+import contextlib
+import fcntl
+import hashlib
 import os
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from tasks.common.errors import MissingUpstreamError
+from tasks.common.errors import MissingUpstreamError, StageBusyError
 from tasks.common.registry import model_kinds
 
 USER_DATA = Path("data")  # your own datasets and incoming shards: the data stage's dvc.yaml dependency
@@ -69,26 +72,128 @@ def member_dirs(root: Path = REWARD_MODEL_DIR) -> list[Path]:
     return sorted(root.glob("member-*"), key=lambda path: int(path.name.split("-")[1]))
 
 
-@contextmanager
-def atomic_output(final: Path) -> Iterator[Path]:
-    """Yield a temporary path to fill; on success it replaces ``final``, on failure it is removed."""
+@contextlib.contextmanager
+def stage_lock(stage: str) -> Iterator[None]:
+    """One run of ``stage`` at a time in a project: a second is refused at once, naming the first (its outputs'
+    temporary paths and checkpoint are the first run's). The lock is the kernel's, released when the holder dies;
+    its file lives outside the project (``_locks``), so that a stage refused for bad input leaves no trace there."""
+    locks = _locks()
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{stage.replace('/', '@')}.lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise StageBusyError(
+                f"stage {stage!r} is already running in this project (pid {holder}); wait for it to finish or stop it"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+
+
+def _locks() -> Path:
+    """This user's lock files for the project in the working directory (by its real path)."""
+    project = hashlib.sha256(str(Path.cwd().resolve()).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"alignflow-{os.getuid()}" / "locks" / project
+
+
+# A running stage's finished outputs (temporary, final), waiting to land together when it ends, and what to do once
+# they have (clear its checkpoint); None outside `landing_together`.
+_waiting: tuple[list[tuple[Path, Path]], list[Callable[[], None]]] | None = None
+
+
+@contextlib.contextmanager
+def landing_together() -> Iterator[None]:
+    """Around a stage: every ``atomic_output`` inside lands when the block succeeds, all of them or none (a stage's
+    metrics never land without its model), and the ``after_landing`` steps run only once they have."""
+    global _waiting
+    _waiting = outputs, after = [], []
+    try:
+        yield
+        _land(outputs)
+        for step in after:
+            step()
+    finally:
+        _waiting = None
+        for temporary, _ in outputs:
+            _remove(temporary)
+
+
+def after_landing(step: Callable[[], None]) -> None:
+    """Run ``step`` once the stage's outputs have landed (at once outside ``landing_together``)."""
+    if _waiting is None:
+        step()
+    else:
+        _waiting[1].append(step)
+
+
+@contextlib.contextmanager
+def atomic_output(final: Path, with_the_stage: bool = True) -> Iterator[Path]:
+    """Yield a temporary path to fill; on success it replaces ``final`` (inside ``landing_together``, with the
+    stage's other outputs, unless ``with_the_stage`` is false: a checkpoint lands at once), on failure it is
+    removed."""
     final = Path(final)
+    made = [directory for directory in (final.parent, *final.parent.parents) if not directory.exists()]
     final.parent.mkdir(parents=True, exist_ok=True)
     for stale in final.parent.glob(f".tmp-{final.name}-*"):
-        _remove(stale)
+        if not _owner_alive(stale):  # a killed run's; another process's own is left alone
+            _remove(stale)
     temporary = final.parent / f".tmp-{final.name}-{os.getpid()}"
+    landed = False
     try:
         yield temporary
-        if final.is_dir():
-            # A directory cannot be replaced in one rename: move the old one aside first.
-            previous = final.parent / f".tmp-{final.name}-{os.getpid()}-previous"
-            os.replace(final, previous)
-            os.replace(temporary, final)
-            _remove(previous)
+        if _waiting is not None and with_the_stage:
+            _waiting[0].append((temporary, final))
         else:
-            os.replace(temporary, final)
+            _land([(temporary, final)])
+        landed = True
     finally:
-        _remove(temporary)
+        if not landed:
+            _remove(temporary)
+            for directory in made:  # nothing left behind: not even the directories made for it
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
+
+
+def _land(outputs: list[tuple[Path, Path]]) -> None:
+    """Move each temporary into its final place, the previous outputs aside first; when a move fails, the ones
+    made are undone, so that every final path holds what it held before, and the error is raised."""
+    moved: list[tuple[Path, Path]] = []  # (from, to), to undo in reverse
+    try:
+        for temporary, final in outputs:
+            if final.exists() or final.is_symlink():
+                # A directory cannot be replaced in one rename: move the old one aside first.
+                previous = final.parent / f".tmp-{final.name}-{os.getpid()}-previous"
+                os.replace(final, previous)
+                moved.append((final, previous))
+            os.replace(temporary, final)
+            moved.append((temporary, final))
+    except OSError:
+        for source, destination in reversed(moved):
+            os.replace(destination, source)
+        raise
+    for _, destination in moved:
+        if destination.name.endswith("-previous"):
+            with contextlib.suppress(OSError):  # landed all the same; the next run of the stage clears it
+                _remove(destination)
+
+
+def _owner_alive(temporary: Path) -> bool:
+    """Whether the process that named ``temporary`` (``.tmp-<name>-<pid>[-previous]``) still runs."""
+    pid = temporary.name.removesuffix("-previous").rsplit("-", 1)[-1]
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 def _remove(path: Path) -> None:

@@ -52,7 +52,7 @@ def matmul_peak(threads: int) -> float:
         cached[key] = measure_matmul_peak(threads)
         try:
             PEAK_CACHE.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_output(PEAK_CACHE) as temporary:
+            with atomic_output(PEAK_CACHE, with_the_stage=False) as temporary:
                 temporary.write_text(json.dumps(cached, indent=1))
         except OSError:
             pass  # a read-only home: measure again next time

@@ -12,8 +12,10 @@ import sys
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from cronsim import CronSim, CronSimError
+from dvc.config_schema import REMOTE_SCHEMAS
 
 from tasks.common.artifacts import USER_DATA
 from tasks.common.config import (
@@ -257,13 +259,66 @@ def cross_field_errors(params: Params) -> Iterator[str]:
             yield f"retrain.guards.{metric}: not a gate metric (one of {', '.join(GATE_METRICS)})"
         elif not (math.isfinite(tolerance) and tolerance >= 0):
             yield f"retrain.guards.{metric}: a tolerance must be a finite number >= 0, got {tolerance}"
+    yield from _operations_errors(params)
+
+
+def _operations_errors(params: Params) -> Iterator[str]:
+    """How pipelines run and store: Ray resources, schedules, the remote."""
+    from flows.catalog import PIPELINES  # the pipelines' names; flows imports tasks, not the other way, but here
+
     if "default" not in params.runner.resources:
         yield "runner.resources: needs a 'default' entry"
     for pipeline, cron in params.runner.schedules.items():
+        if pipeline not in PIPELINES:
+            yield f"runner.schedules.{pipeline}: not a pipeline ({', '.join(PIPELINES)})"
         try:
             CronSim(cron, datetime.now())
         except CronSimError as error:
             yield f"runner.schedules.{pipeline}: not a cron expression: {cron!r} ({error})"
+    for name in schema_fields(Params):
+        parallel = getattr(getattr(params, name), "parallel", None)
+        for resource, amount in getattr(parallel, "resources_per_worker", {}).items():
+            key = f"{name}.parallel.resources_per_worker"
+            if not str(resource).strip():
+                yield f"{key}: a resource needs a name, got {resource!r}"
+            elif not (math.isfinite(amount) and amount > 0):
+                yield f"{key}.{resource}: an amount of a Ray resource must be a finite number > 0, got {amount}"
+    yield from _remote_errors(params.remote.url, params.remote.endpoint_url)
+
+
+# Remote URL schemes DVC supports (its config schema's own list): '' is a local path, 'remote' another remote.
+_REMOTE_SCHEMES = tuple(scheme for scheme in REMOTE_SCHEMAS if scheme not in ("", "remote"))
+
+
+def _remote_errors(url: str, endpoint_url: str | None) -> Iterator[str]:
+    """A remote is an absolute directory, ~/..., or a URL of a scheme DVC supports: anything else DVC would take as
+    a directory relative to the project, and push into it."""
+    parsed = urlsplit(url)
+    if "://" in url:
+        if parsed.scheme not in _REMOTE_SCHEMES or not parsed.netloc or any(c.isspace() for c in url):
+            yield f"remote.url: not a URL of a scheme DVC supports ({', '.join(_REMOTE_SCHEMES)}), got {url!r}"
+    elif not (url.startswith("~") or os.path.isabs(url)):
+        hint = f"; did you mean {parsed.scheme}://{url.split(':', 1)[1].lstrip('/')}?" if parsed.scheme else ""
+        yield f"remote.url: must be an absolute directory, ~/..., or a URL such as s3://bucket/path, got {url!r}{hint}"
+    if endpoint_url is not None:
+        endpoint = urlsplit(endpoint_url)
+        if endpoint.scheme not in ("http", "https") or not endpoint.netloc or any(c.isspace() for c in endpoint_url):
+            yield f"remote.endpoint_url: not an http(s):// URL, got {endpoint_url!r}"
+
+
+def cross_field_warnings(params: Params) -> Iterator[str]:
+    """Values that are legal but do nothing: worth a word, not a refusal."""
+    for name in RL_SECTIONS:
+        cfg = getattr(params, name)
+        if isinstance(cfg, OnlineDPOConfig) and cfg.update == "preference":
+            updates = cfg.steps  # a preference iteration takes one optimizer step
+        else:
+            updates = cfg.steps * cfg.epochs * math.ceil(cfg.rollout_batch_size * cfg.group_size / cfg.minibatch_size)
+        if cfg.sync_every > updates:
+            yield (
+                f"{name}.sync_every: {cfg.sync_every} exceeds the stage's {updates} optimizer steps, so its rollout "
+                "engines never take the actor's weights"
+            )
 
 
 def _is_under_user_data(source: str) -> bool:
@@ -279,8 +334,14 @@ def _user_data_errors(params: Params) -> Iterator[str]:
             continue
         if not _is_under_user_data(source):
             yield f"{key}: must be under {USER_DATA}/ (the data stage depends on that directory), got {source!r}"
-        elif not shard_files(source):
+        elif not (shards := shard_files(source)):
             yield f"{key}: no JSONL file at {source!r} (a file, a directory of *.jsonl shards, or a glob)"
+        else:  # by where a link leads: a link out of data/ is a dependency dvc.lock would not name
+            inside = Path.cwd().resolve() / USER_DATA  # data/ itself may not be a link either
+            for shard in shards:
+                if not shard.resolve().is_relative_to(inside):
+                    yield f"{key}: {str(shard)!r} is a link to {str(shard.resolve())!r}, outside {USER_DATA}/"
+                    break
     quarantine, train = params.retrain.quarantine, params.data.train_file
     if quarantine is not None and not _is_under_user_data(quarantine):
         yield f"retrain.quarantine: must be under {USER_DATA}/, got {quarantine!r}"

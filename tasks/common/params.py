@@ -25,7 +25,8 @@ from tasks.common.config import (
     Params,
 )
 from tasks.common.config.fields import schema_fields
-from tasks.common.param_rules import RL_SECTIONS, cross_field_errors, reward_import_errors
+from tasks.common.errors import warn
+from tasks.common.param_rules import RL_SECTIONS, cross_field_errors, cross_field_warnings, reward_import_errors
 
 
 def _unwrap(annotation: Any) -> Any:
@@ -119,6 +120,8 @@ def validate(params: Params) -> Params:
         errors += reward_import_errors(params)
     if errors:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
+    for warning in cross_field_warnings(params):
+        warn(warning)
     return params
 
 
@@ -172,6 +175,8 @@ def load_params(path: str | Path = "params.yaml", overrides: list[str] | tuple[s
     for override in overrides:
         if "=" not in override:
             raise ConfigError(f"override {override!r}: expected key=value")
+        if not override.partition("=")[0].strip():
+            raise ConfigError(f"override {override!r}: no key before '=' (expected key=value)")
     try:
         from_file = OmegaConf.load(path)
     except yaml.YAMLError as error:
@@ -196,7 +201,10 @@ def load_params(path: str | Path = "params.yaml", overrides: list[str] | tuple[s
                         OmegaConf.update(merged, key, layer, merge=True)
         values = OmegaConf.to_container(merged, resolve=True)
     except OmegaConfBaseException as error:
-        raise ConfigError(f"{path}: {_describe(error)}") from None
+        # a value that fails to resolve (an interpolation) is the override's when an override set it
+        given = {item.partition("=")[0].strip(): item for item in overrides}
+        where = f"override {given[key]!r}" if (key := getattr(error, "full_key", None)) in given else path
+        raise ConfigError(f"{where}: {_describe(error)}") from None
     try:
         params = _PARAMS.validate_python(values)
     except ValidationError as error:

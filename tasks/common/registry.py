@@ -116,11 +116,22 @@ def stage_run(name: str, params: Params) -> StageRun:
     kind, target = parse_stage_name(name)
     if kind.target == "round" and target not in params.rounds:
         raise ConfigError(f"stage {name!r}: no round {target!r} in rounds ({', '.join(params.rounds)})")
+    if kind.target == "model":
+        models, round_models = model_kinds()
+        model, _, round_name = target.replace("@", "/").partition("/")
+        if not ((model in models and not round_name) or (model in round_models and round_name in params.rounds)):
+            raise ConfigError(
+                f"stage {name!r}: no model {target!r} ({', '.join(models)}, or {'|'.join(round_models)}/<a round "
+                f"in rounds: {', '.join(params.rounds)}>)"
+            )
     return StageRun(name, kind, params, StageInputs(read_artifacts(kind, params, target)), target)
 
 
 def run_stage(name: str, params: Params) -> None:
     """Run the stage ``name`` (as dvc.yaml names it) with ``params``."""
+    from tasks.common.artifacts import landing_together, stage_lock  # which imports this module
+
     run = stage_run(name, params)
     module, _, function = run.kind.entry.partition(":")
-    getattr(importlib.import_module(module), function)(run)
+    with stage_lock(name), landing_together():
+        getattr(importlib.import_module(module), function)(run)

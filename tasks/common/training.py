@@ -24,7 +24,7 @@ from transformers import (
     get_cosine_schedule_with_warmup,
 )
 
-from tasks.common.artifacts import CHECKPOINTS, atomic_output
+from tasks.common.artifacts import CHECKPOINTS, after_landing, atomic_output
 from tasks.common.config import OptimizationConfig
 from tasks.common.distributed import SINGLE, Rank, full_state_dict, load_training_state, training_state
 from tasks.common.errors import NonFiniteError, cause
@@ -233,13 +233,13 @@ class Checkpointer:
     def save(self, state: dict[str, Any]) -> None:
         """Write ``state`` (which holds its ``step``) unless a tensor in it is not finite."""
         require_finite(state, f"{self.label} step {state['step']}, before saving its checkpoint")
-        with atomic_output(self.path) as temporary:
+        with atomic_output(self.path, with_the_stage=False) as temporary:
             torch.save(state, temporary)
 
     def keep_for_recovery(self) -> str:
         """Mark this run's checkpoint as one a rerun with a lower learning rate may resume from; say what is kept."""
         if self.path.is_file():
-            with atomic_output(self.path.parent / DIVERGED) as temporary:
+            with atomic_output(self.path.parent / DIVERGED, with_the_stage=False) as temporary:
                 temporary.write_text(json.dumps({"recovery_key": self.recovery_key}))
             kept = self.path
         elif not (kept := next(iter(self._stopped_runs()), None)):
@@ -251,7 +251,8 @@ class Checkpointer:
         )
 
     def clear(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+        """Drop the checkpoints once the stage's outputs have landed: until then a rerun resumes from them."""
+        after_landing(lambda: shutil.rmtree(self.root, ignore_errors=True))
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePath
 from typing import Any, TypeVar
 
+from tasks.common.errors import warn
 from tasks.data.problems import PROBLEMS, Example, parse_response
 
 _STRING_FIELDS = ("task", "prompt", "answer", "solution")
@@ -25,6 +26,7 @@ Row = TypeVar("Row")
 _MAX_DRAWS_PER_EXAMPLE = 50
 # A row's text past this is a broken file, not a long answer: it would cost gigabytes once tokenised and padded.
 MAX_TEXT_CHARS = 16_384
+MAX_LINE_CHARS = 4 * MAX_TEXT_CHARS  # its fields and meta together, checked before the line is parsed
 
 
 class DatasetError(ValueError):
@@ -103,13 +105,29 @@ def is_shard_of(path: str | PurePath, source: str) -> bool:
     return path == PurePath(source) or (path.parent == PurePath(source) and path.suffix == ".jsonl")
 
 
-def read_shards(source: str | Path) -> list[Example]:
-    """Every row of every shard ``source`` names (see ``shard_files``), each validated; DatasetError naming the
-    shard's ``file:line`` on the first bad row, or the source when it names no file."""
+def read_shards(source: str | Path, task: str | None = None) -> list[Example]:
+    """Every row of every shard ``source`` names (see ``shard_files``), each validated, and each of the project's
+    ``task`` family when one is given; DatasetError naming the shard's ``file:line`` on the first bad row, or the
+    source when it names no file. Rows that repeat an earlier one are kept (a repeated row is how a dataset
+    upweights it) but said, with their count and the first repeat's ``file:line``."""
     files = shard_files(source)
     if not files:
         raise DatasetError(f"{source}: no JSONL file (a file, a directory of *.jsonl shards, or a glob)")
-    return [example for shard in files for example in read_examples(shard)]
+    examples, first_seen, repeats = [], {}, []
+    for shard in files:
+        for line, example in _numbered_rows(shard, _parse_row):
+            if task is not None and example.task != task:
+                raise DatasetError(
+                    f"{shard}:{line}: a {example.task!r} row in a {task!r} project (task.name); the held-out split "
+                    "and the verifiers are the project's task's"
+                )
+            where = f"{shard}:{line}"
+            if (seen := first_seen.setdefault(json.dumps(example.to_row(), sort_keys=True), where)) != where:
+                repeats.append(f"{where} repeats {seen}")
+            examples.append(example)
+    if repeats:
+        warn(f"{source}: {len(repeats)} row(s) repeat an earlier one and train as often as they appear ({repeats[0]})")
+    return examples
 
 
 def read_preferences(path: str | Path) -> list[PreferencePair]:
@@ -138,6 +156,11 @@ def check_prompt_lengths(
 
 
 def _read_rows(path: str | Path, parse: Callable[[str], Row]) -> list[Row]:
+    return [row for _, row in _numbered_rows(path, parse)]
+
+
+def _numbered_rows(path: str | Path, parse: Callable[[str], Row]) -> list[tuple[int, Row]]:
+    """(line number, row) for every non-blank line of ``path``; DatasetError naming ``path:line`` on a bad one."""
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"{path}: no such dataset file")
@@ -145,9 +168,11 @@ def _read_rows(path: str | Path, parse: Callable[[str], Row]) -> list[Row]:
     with open(path, "rb") as handle:
         for line_number, raw in enumerate(handle, start=1):
             try:
+                if len(raw) > MAX_LINE_CHARS:
+                    raise ValueError(f"the row is {len(raw)} bytes, over the {MAX_LINE_CHARS} a row may hold")
                 line = raw.decode("utf-8")
                 if line.strip():
-                    rows.append(parse(line))
+                    rows.append((line_number, parse(line)))
             except UnicodeDecodeError as error:
                 raise DatasetError(f"{path}:{line_number}: not UTF-8 text (byte {error.start} of the line)") from None
             except ValueError as error:
@@ -155,6 +180,12 @@ def _read_rows(path: str | Path, parse: Callable[[str], Row]) -> list[Row]:
     if not rows:
         raise DatasetError(f"{path}: no rows")
     return rows
+
+
+def _check_lengths(row: dict[str, Any], fields: tuple[str, ...]) -> None:
+    for key in fields:
+        if len(row[key]) > MAX_TEXT_CHARS:
+            raise ValueError(f"'{key}' is {len(row[key])} characters, over the {MAX_TEXT_CHARS} a row may hold")
 
 
 def _json_object(line: str, string_fields: tuple[str, ...]) -> dict[str, Any]:
@@ -183,9 +214,7 @@ def _parse_pair(line: str) -> PreferencePair:
     row = _json_object(line, _PAIR_FIELDS)
     if row["chosen"] == row["rejected"]:
         raise ValueError("'chosen' and 'rejected' are the same response")
-    for key in _PAIR_FIELDS:
-        if len(row[key]) > MAX_TEXT_CHARS:
-            raise ValueError(f"'{key}' is {len(row[key])} characters, over the {MAX_TEXT_CHARS} a row may hold")
+    _check_lengths(row, _PAIR_FIELDS)
     for key in _GOLD_KEYS:
         value = row["meta"].get(key)
         if key in row["meta"] and (isinstance(value, bool) or not isinstance(value, int | float)):
@@ -197,6 +226,7 @@ def _parse_pair(line: str) -> PreferencePair:
 
 def _parse_row(line: str) -> Example:
     row = _json_object(line, _STRING_FIELDS)
+    _check_lengths(row, _STRING_FIELDS)
     if row["task"] not in PROBLEMS:
         raise ValueError(f"unknown task {row['task']!r} (known: {', '.join(PROBLEMS)})")
     meta = row["meta"]

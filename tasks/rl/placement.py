@@ -16,7 +16,7 @@ from typing import Any
 
 import ray
 
-from tasks.common.config import Params, RLConfig, StageResources
+from tasks.common.config import ConfigError, Params, RLConfig, StageResources
 from tasks.common.distributed import RoleGroup
 from tasks.rl.workers import ActorWorker, CriticWorker, FrozenWorker, RewardWorker, engine_in_actor
 from tasks.rollout.engine_group import EngineGroup, EngineWorker
@@ -118,14 +118,27 @@ def place(
         if engine_in_actor(cfg):
             started["rollout"] = ActorEngine(started["actor"])
         else:
-            engines = started["rollout"] = EngineGroup([])  # in place before they start: a failure releases them
             resources = cfg.roles.get("rollout", StageResources())
+            check_engines_fit(cfg.rollout_engines, resources, section)
+            engines = started["rollout"] = EngineGroup([])  # in place before they start: a failure releases them
             for replica in range(cfg.rollout_engines):
                 engines.replicas.append(Worker(EngineWorker, (params, cfg, policy_dir, replica), resources))
     except BaseException:
         release(started)
         raise
     return started
+
+
+def check_engines_fit(engines: int, resources: StageResources, section: str) -> None:
+    """Ray would leave engines that the cluster cannot hold pending forever: refuse them, naming the key."""
+    needed = {"CPU": resources.num_cpus, "GPU": resources.num_gpus, "memory": resources.memory_gb * 2**30}
+    total = ray.cluster_resources()
+    short = [name for name, amount in needed.items() if amount and amount * engines > total.get(name, 0)]
+    if short:
+        raise ConfigError(
+            f"{section}.rollout_engines: {engines} engines of {section}.roles.rollout ({needed}) need more "
+            f"{', '.join(short)} than this Ray cluster has in all ({ {name: total.get(name, 0) for name in short} })"
+        )
 
 
 def release(roles: Roles) -> None:

@@ -9,8 +9,8 @@ from tasks.data.datasets import generate_splits, read_shards, write_jsonl
 def run(stage: StageRun) -> None:
     params, cfg = stage.params, stage.config
     # Every row of every shard of your own is validated before anything is generated or written.
-    train = read_shards(cfg.train_file) if cfg.train_file else None
-    test = read_shards(cfg.test_file) if cfg.test_file else None
+    train = read_shards(cfg.train_file, params.task.name) if cfg.train_file else None
+    test = read_shards(cfg.test_file, params.task.name) if cfg.test_file else None
     if train is None or test is None:
         generated_train, generated_test = generate_splits(params.task, cfg.num_train, cfg.num_test, params.seed)
         train = generated_train if train is None else train

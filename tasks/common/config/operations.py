@@ -47,6 +47,8 @@ class RetrainConfig:
         "Promote only when the candidate's metric beats the champion's by at least this: a tie or a gain within "
         "the held-out set's noise keeps the model in production.",
         ge=0,
+        le=1,
+        why="every gate metric lies in [0, 1], so a larger margin could never promote a candidate",
     )
     guards: dict[str, Weight] = mapping(
         lambda: {"format_rate": 0.05},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from tasks.common.config.fields import MadeOf, OneOf, param, schema_section, section
+from tasks.common.config.fields import MadeOf, OneOf, Weight, param, schema_section, section
 
 PROBLEM_NAMES = ("arithmetic", "countdown")
 DEVICES = ("auto", "cpu", "cuda")
@@ -117,7 +117,7 @@ class ParallelConfig:
         "Ray placement group strategy: PACK (as few nodes as fit), SPREAD, STRICT_SPREAD (one worker per node), "
         "STRICT_PACK (one node).",
     )
-    resources_per_worker: dict[str, float] = param(
+    resources_per_worker: dict[str, Weight] = param(
         {}, "Custom Ray resources each worker needs, e.g. {gpu_node: 1} to pin workers to nodes."
     )
 

@@ -1,0 +1,89 @@
+"""A stage's outputs land together or not at all, from one run at a time, and a disk that refuses a write is named
+in one line. A path is made read-only for real: ``chattr +i`` as root (whom permission bits do not stop), else
+``chmod``; where neither holds, the tests that need one skip."""
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from flows.cli import main
+from tasks.common.artifacts import stage_lock
+from tests.conftest import ENV
+
+
+@pytest.fixture
+def read_only() -> Iterator:
+    """Make a path refuse writes (its entries, its renaming) until the test ends."""
+    made: list[tuple[Path, int]] = []
+
+    def make(path: Path) -> None:
+        if os.geteuid() == 0:
+            if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode:
+                pytest.skip("chattr +i is not supported here (and root ignores permission bits)")
+            made.append((path, -1))
+        else:
+            made.append((path, path.stat().st_mode))
+            path.chmod(0o555)
+
+    yield make
+    for path, mode in made:
+        if mode == -1:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+        else:
+            path.chmod(mode)
+
+
+def _rows(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def _leftovers(project: Path) -> list[str]:
+    return sorted(str(p.relative_to(project)) for p in project.rglob(".tmp-*"))
+
+
+def test_metrics_land_with_the_output_or_not_at_all(project, capsys, read_only):
+    assert main(["stage", "data", "data.num_train=100"]) == 0
+    read_only(project / "artifacts/data")
+    capsys.readouterr()
+    assert main(["stage", "data", "data.num_train=60"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("alignflow: error: artifacts/data:") and err.count("\n") == 1, err
+    # the metrics still describe the output that is there: the first run's
+    assert json.loads((project / "metrics/data/metrics.json").read_text())["num_train"] == 100
+    assert _rows(project / "artifacts/data/train.jsonl") == 100
+    assert _leftovers(project) == []
+
+
+def test_a_read_only_artifacts_directory_is_named_in_one_line(project, capsys, read_only):
+    (project / "artifacts").mkdir()
+    read_only(project / "artifacts")
+    assert main(["stage", "data"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("alignflow: error: artifacts/") and "Traceback" not in err and err.count("\n") == 1, err
+    assert not (project / "metrics").exists()
+
+
+def test_a_second_run_of_a_running_stage_is_refused_naming_the_first(project):
+    with stage_lock("data"):  # the first run, holding the stage
+        second = subprocess.run(["alignflow", "stage", "data"], cwd=project, env=ENV, capture_output=True, text=True)
+    assert second.returncode == 2
+    assert f"stage 'data' is already running in this project (pid {os.getpid()})" in second.stderr
+    assert not (project / "artifacts").exists() and not (project / "metrics").exists()
+    # once the first has finished, the stage runs
+    assert subprocess.run(["alignflow", "stage", "data"], cwd=project, env=ENV, capture_output=True).returncode == 0
+
+
+def test_a_stage_clears_a_killed_runs_temporary_output_but_not_a_running_ones(project):
+    finished = subprocess.Popen(["true"])
+    finished.wait()  # a pid that no process holds now
+    artifacts = project / "artifacts"
+    killed, running = artifacts / f".tmp-data-{finished.pid}", artifacts / f".tmp-data-{os.getpid()}"
+    for temporary in (killed, running):
+        (temporary / "train.jsonl").parent.mkdir(parents=True)
+        (temporary / "train.jsonl").write_text("{}\n")
+    assert subprocess.run(["alignflow", "stage", "data"], cwd=project, env=ENV, capture_output=True).returncode == 0
+    assert not killed.exists() and (running / "train.jsonl").is_file()
