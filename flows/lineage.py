@@ -35,13 +35,17 @@ def recorded_model(project: Path, artifact: str, version: str, commit: str) -> t
     """(the commit's files, its dvc.lock's stages, the model's path) of a registered version; ConfigError naming
     the tag when its commit records no model (a tag made by hand on a commit without one)."""
     tag, fs = f"{artifact}@{version}", DVCFileSystem(str(project), rev=commit)
-    try:
-        lock = yaml.safe_load(fs.read_text("dvc.lock"))["stages"]
-        path = yaml.safe_load(fs.read_text("dvc.yaml"))["artifacts"][artifact]["path"]
-    except FileNotFoundError as error:
-        raise ConfigError(f"{tag}: its commit {commit[:8]} has no {Path(error.filename or 'dvc.lock').name}") from None
-    except (KeyError, TypeError):
-        raise ConfigError(f"{tag}: its commit {commit[:8]} declares no artifact {artifact!r} in dvc.yaml") from None
+    found = {}
+    for name, keys in (("dvc.lock", ("stages",)), ("dvc.yaml", ("artifacts", artifact, "path"))):
+        try:
+            found[name] = yaml.safe_load(fs.read_text(name))
+            for key in keys:
+                found[name] = found[name][key]
+        except FileNotFoundError:
+            raise ConfigError(f"{tag}: its commit {commit[:8]} has no {name}") from None
+        except (KeyError, TypeError):
+            raise ConfigError(f"{tag}: its commit's {name} has no {'.'.join(keys)}") from None
+    lock, path = found["dvc.lock"], found["dvc.yaml"]
     if not any(out["path"] == path for stage in lock.values() for out in stage.get("outs", [])):
         raise ConfigError(f"{tag}: its commit {commit[:8]} holds no model: its dvc.lock records no {path}")
     return fs, lock, path

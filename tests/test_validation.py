@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from flows.cli import main
+from tasks.common import errors
 from tasks.common.config import Params
 from tasks.common.params import fields_with_keys, load_params
 from tests.conftest import ENV, make_project
@@ -238,7 +239,7 @@ MALFORMED_ROWS = [
     (json.dumps({**COUNTDOWN_ROW, "meta": {"numbers": [3, 25, 27, 1], "target": 49}}), "does not state meta's"),
     ('{"prompt": "12+30=", "answer": "4\udcff"}', "not UTF-8 text"),
     (json.dumps({**GOOD_ROW, "prompt": "1" * 20_000}), "'prompt' is 20000 characters, over the 16384"),
-    (json.dumps({**GOOD_ROW, "meta": {"note": "x" * 70_000}}), "bytes, over the 65536 a row may hold"),
+    (json.dumps({**GOOD_ROW, "meta": {"note": "x" * 2_000_000}}), "bytes, over the 1048576 a row may hold"),
     (json.dumps(COUNTDOWN_ROW), "a 'countdown' row in a 'arithmetic' project (task.name)"),
 ]
 
@@ -399,7 +400,8 @@ def test_a_reward_model_weighted_zero_is_no_reward_model_in_a_stage_that_does_no
     assert params.grpo.rewards["reward_model"] == 0.0
 
 
-def test_a_legal_but_pointless_value_is_warned_about_once_naming_the_key(project, capsys):
+def test_a_legal_but_pointless_value_is_warned_about_once_naming_the_key(project, capsys, monkeypatch):
+    monkeypatch.setattr(errors, "_WARNED", set())  # what this process said before this test
     for _ in range(2):  # a process reads params more than once
         load_params("params.yaml", ["grpo.sync_every=100000"])
     warned = capsys.readouterr().err

@@ -78,7 +78,7 @@ def stage_lock(stage: str) -> Iterator[None]:
     temporary paths and checkpoint are the first run's). The lock is the kernel's, released when the holder dies;
     its file lives outside the project (``_locks``), so that a stage refused for bad input leaves no trace there."""
     locks = _locks()
-    locks.mkdir(parents=True, exist_ok=True)
+    locks.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open(locks / f"{stage.replace('/', '@')}.lock", "a+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -111,14 +111,15 @@ def landing_together() -> Iterator[None]:
     """Around a stage: every ``atomic_output`` inside lands when the block succeeds, all of them or none (a stage's
     metrics never land without its model), and the ``after_landing`` steps run only once they have."""
     global _waiting
-    _waiting = outputs, after = [], []
+    enclosing, _waiting = _waiting, ([], [])
+    outputs, after = _waiting
     try:
         yield
         _land(outputs)
         for step in after:
             step()
     finally:
-        _waiting = None
+        _waiting = enclosing
         for temporary, _ in outputs:
             _remove(temporary)
 
@@ -137,10 +138,13 @@ def atomic_output(final: Path, with_the_stage: bool = True) -> Iterator[Path]:
     stage's other outputs, unless ``with_the_stage`` is false: a checkpoint lands at once), on failure it is
     removed."""
     final = Path(final)
-    made = [directory for directory in (final.parent, *final.parent.parents) if not directory.exists()]
     final.parent.mkdir(parents=True, exist_ok=True)
     for stale in final.parent.glob(f".tmp-{final.name}-*"):
-        if not _owner_alive(stale):  # a killed run's; another process's own is left alone
+        if _owner_alive(stale):  # another process's own: left alone
+            continue
+        if stale.name.endswith("-previous") and not (final.exists() or final.is_symlink()):
+            os.replace(stale, final)  # a run killed while landing: the output it was replacing goes back
+        else:
             _remove(stale)
     temporary = final.parent / f".tmp-{final.name}-{os.getpid()}"
     landed = False
@@ -154,9 +158,6 @@ def atomic_output(final: Path, with_the_stage: bool = True) -> Iterator[Path]:
     finally:
         if not landed:
             _remove(temporary)
-            for directory in made:  # nothing left behind: not even the directories made for it
-                with contextlib.suppress(OSError):
-                    directory.rmdir()
 
 
 def _land(outputs: list[tuple[Path, Path]]) -> None:
@@ -174,7 +175,10 @@ def _land(outputs: list[tuple[Path, Path]]) -> None:
             moved.append((temporary, final))
     except OSError:
         for source, destination in reversed(moved):
-            os.replace(destination, source)
+            # every move is undone that can be; one that cannot leaves its "-previous", which the stage's next
+            # run puts back (atomic_output)
+            with contextlib.suppress(OSError):
+                os.replace(destination, source)
         raise
     for _, destination in moved:
         if destination.name.endswith("-previous"):
@@ -188,11 +192,11 @@ def _owner_alive(temporary: Path) -> bool:
     if not pid.isdigit() or int(pid) == os.getpid():
         return False
     try:
-        os.kill(int(pid), 0)
+        os.kill(int(pid), 0)  # PermissionError: alive, another user's
     except ProcessLookupError:
         return False
-    except PermissionError:  # alive, another user's
-        return True
+    except PermissionError:
+        pass
     return True
 
 

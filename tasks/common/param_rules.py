@@ -295,10 +295,11 @@ def _remote_errors(url: str, endpoint_url: str | None) -> Iterator[str]:
     a directory relative to the project, and push into it."""
     parsed = urlsplit(url)
     if "://" in url:
-        if parsed.scheme not in _REMOTE_SCHEMES or not parsed.netloc or any(c.isspace() for c in url):
+        if parsed.scheme not in _REMOTE_SCHEMES or not (parsed.netloc or parsed.path.strip("/")):
             yield f"remote.url: not a URL of a scheme DVC supports ({', '.join(_REMOTE_SCHEMES)}), got {url!r}"
     elif not (url.startswith("~") or os.path.isabs(url)):
-        hint = f"; did you mean {parsed.scheme}://{url.split(':', 1)[1].lstrip('/')}?" if parsed.scheme else ""
+        known = parsed.scheme in _REMOTE_SCHEMES
+        hint = f"; did you mean {parsed.scheme}://{url.split(':', 1)[1].lstrip('/')}?" if known else ""
         yield f"remote.url: must be an absolute directory, ~/..., or a URL such as s3://bucket/path, got {url!r}{hint}"
     if endpoint_url is not None:
         endpoint = urlsplit(endpoint_url)
@@ -337,9 +338,12 @@ def _user_data_errors(params: Params) -> Iterator[str]:
         elif not (shards := shard_files(source)):
             yield f"{key}: no JSONL file at {source!r} (a file, a directory of *.jsonl shards, or a glob)"
         else:  # by where a link leads: a link out of data/ is a dependency dvc.lock would not name
-            inside = Path.cwd().resolve() / USER_DATA  # data/ itself may not be a link either
+            # data/ itself may not be a link either; a shard `dvc add` linked into DVC's cache (cache.type symlink)
+            # is versioned where it is
+            project = Path.cwd().resolve()
+            inside = (project / USER_DATA, project / ".dvc" / "cache")
             for shard in shards:
-                if not shard.resolve().is_relative_to(inside):
+                if not any(shard.resolve().is_relative_to(directory) for directory in inside):
                     yield f"{key}: {str(shard)!r} is a link to {str(shard.resolve())!r}, outside {USER_DATA}/"
                     break
     quarantine, train = params.retrain.quarantine, params.data.train_file

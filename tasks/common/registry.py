@@ -121,8 +121,8 @@ def stage_run(name: str, params: Params) -> StageRun:
         model, _, round_name = target.replace("@", "/").partition("/")
         if not ((model in models and not round_name) or (model in round_models and round_name in params.rounds)):
             raise ConfigError(
-                f"stage {name!r}: no model {target!r} ({', '.join(models)}, or {'|'.join(round_models)}/<a round "
-                f"in rounds: {', '.join(params.rounds)}>)"
+                f"stage {name!r}: no stage trains a model named {target!r} (models: {', '.join(models)}, or "
+                f"{'|'.join(round_models)}/ROUND with ROUND in rounds: {', '.join(params.rounds)})"
             )
     return StageRun(name, kind, params, StageInputs(read_artifacts(kind, params, target)), target)
 

@@ -1,5 +1,6 @@
 """Stage metrics through dvclive, written atomically so ``dvc metrics/plots/exp show`` read whole runs only."""
 
+import contextlib
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,13 +12,15 @@ from tasks.common.artifacts import PERF_FILE, PERF_STEPS_FILE, atomic_output, me
 
 
 @contextmanager
-def stage_live(stage: str) -> Iterator[Live]:
-    """A dvclive logger for ``stage``; its directory replaces ``metrics/<stage>`` when the block succeeds.
+def stage_live(stage: str, into: Path | None = None) -> Iterator[Live]:
+    """A dvclive logger for ``stage``; its directory replaces ``metrics/<stage>`` when the block succeeds, or,
+    ``into`` given, it writes into that temporary directory, which the stage's own process opened with
+    ``atomic_output(metrics_dir(stage))`` (a data-parallel worker's metrics land with the stage's model).
 
     dvc.yaml declares the metrics and plots, so dvclive must not edit it (dvcyaml=None),
     and no wall-clock values are logged: metrics files are hashed into dvc.lock.
     """
-    with atomic_output(metrics_dir(stage)) as directory:
+    with atomic_output(metrics_dir(stage)) if into is None else contextlib.nullcontext(into) as directory:
         live = Live(str(directory), dvcyaml=None, save_dvc_exp=False, report=None)
         try:
             yield live

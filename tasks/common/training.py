@@ -352,9 +352,10 @@ def fit(
     return history
 
 
-def rank_live(stage: str, rank: Rank) -> contextlib.AbstractContextManager[Live | None]:
-    """``stage_live(stage)`` on rank 0, which alone logs; None on the other ranks."""
-    return stage_live(stage) if rank.is_main else contextlib.nullcontext()
+def rank_live(stage: str, rank: Rank, into: Path) -> contextlib.AbstractContextManager[Live | None]:
+    """``stage_live(stage, into)`` on rank 0, which alone logs; None on the other ranks. ``into``: the metrics'
+    temporary directory the stage's process opened, so that they land with its model."""
+    return stage_live(stage, into) if rank.is_main else contextlib.nullcontext()
 
 
 def save_trained(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out: Path, rank: Rank) -> None:

@@ -26,7 +26,8 @@ Row = TypeVar("Row")
 _MAX_DRAWS_PER_EXAMPLE = 50
 # A row's text past this is a broken file, not a long answer: it would cost gigabytes once tokenised and padded.
 MAX_TEXT_CHARS = 16_384
-MAX_LINE_CHARS = 4 * MAX_TEXT_CHARS  # its fields and meta together, checked before the line is parsed
+# A whole line, checked before it is parsed: room for every field at its cap, JSON-escaped, and a meta.
+MAX_LINE_BYTES = 2**20
 
 
 class DatasetError(ValueError):
@@ -168,8 +169,8 @@ def _numbered_rows(path: str | Path, parse: Callable[[str], Row]) -> list[tuple[
     with open(path, "rb") as handle:
         for line_number, raw in enumerate(handle, start=1):
             try:
-                if len(raw) > MAX_LINE_CHARS:
-                    raise ValueError(f"the row is {len(raw)} bytes, over the {MAX_LINE_CHARS} a row may hold")
+                if len(raw) > MAX_LINE_BYTES:
+                    raise ValueError(f"the row is {len(raw)} bytes, over the {MAX_LINE_BYTES} a row may hold")
                 line = raw.decode("utf-8")
                 if line.strip():
                     rows.append((line_number, parse(line)))

@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
 from models import context_length, load_policy, load_reference, load_tokenizer, resolve_device
-from tasks.common.artifacts import atomic_output, model_dir, stage_dir
+from tasks.common.artifacts import atomic_output, metrics_dir, model_dir, stage_dir
 from tasks.common.config import DPOConfig, Params, to_dict
 from tasks.common.distributed import Rank, data_parallel_step, run_data_parallel
 from tasks.common.errors import MissingUpstreamError
@@ -141,8 +141,8 @@ def run(stage: StageRun) -> None:
     checkpointer = Checkpointer(
         "dpo", {"stage": "dpo", "seed": params.seed, **to_dict(cfg)}, [init, preferences, inputs["reference"]]
     )
-    with atomic_output(model_dir("dpo")) as out:
-        work = functools.partial(_train_rank, params, init, scorers, checkpointer, out)
+    with atomic_output(model_dir("dpo")) as out, atomic_output(metrics_dir("dpo")) as metrics:
+        work = functools.partial(_train_rank, params, init, scorers, checkpointer, out, metrics)
         preference_accuracy, chosen_change = run_data_parallel(work, cfg.parallel, "dpo.parallel")
     checkpointer.clear()
     if chosen_change < -CHOSEN_FALL_WARNING:
@@ -160,6 +160,7 @@ def _train_rank(
     scorers: dict[str, tuple[list[PreferencePair], PairScorer]],
     checkpointer: Checkpointer,
     out: Path,
+    metrics: Path,
     rank: Rank,
 ) -> tuple[float, float] | None:
     """One worker's share of ``run``: every rank builds the same model and trains on its share of each batch's
@@ -183,7 +184,7 @@ def _train_rank(
             "rejected_logp": rejected_logp.mean(),
         }
 
-    with rank_live("dpo", rank) as live:
+    with rank_live("dpo", rank, metrics) as live:
         history = fit("dpo", model, cfg, step_metrics, checkpointer, live, rank)
         held_out = _held_out(model, *scorers["test"], cfg.batch_size)
         save_trained(model, load_tokenizer(init), out, rank)

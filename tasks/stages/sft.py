@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from models import load_policy, load_tokenizer, resolve_device
-from tasks.common.artifacts import atomic_output, model_dir
+from tasks.common.artifacts import atomic_output, metrics_dir, model_dir
 from tasks.common.config import Params, SFTTrainingConfig, to_dict
 from tasks.common.distributed import Rank, data_parallel, run_data_parallel
 from tasks.common.registry import StageRun
@@ -75,8 +75,8 @@ def train(params: Params, cfg: SFTTrainingConfig, stage: str, init_dir: Path, tr
     """Fine-tune the model in ``init_dir`` on ``train_file`` and write it to ``artifacts/<stage>``, on
     ``cfg.parallel.num_workers`` data-parallel workers."""
     checkpointer = Checkpointer(stage, {"stage": stage, "seed": params.seed, **to_dict(cfg)}, [init_dir, train_file])
-    with atomic_output(model_dir(stage)) as out:
-        work = functools.partial(_train_rank, params, cfg, stage, init_dir, train_file, checkpointer, out)
+    with atomic_output(model_dir(stage)) as out, atomic_output(metrics_dir(stage)) as metrics:
+        work = functools.partial(_train_rank, params, cfg, stage, init_dir, train_file, checkpointer, out, metrics)
         run_data_parallel(work, cfg.parallel, f"{stage.partition('@')[0]}.parallel")
     checkpointer.clear()
 
@@ -89,6 +89,7 @@ def _train_rank(
     train_file: Path,
     checkpointer: Checkpointer,
     out: Path,
+    metrics: Path,
     rank: Rank,
 ) -> None:
     """One worker's share of ``train``: every rank builds the same model and batches and trains on its rows."""
@@ -108,7 +109,7 @@ def _train_rank(
         logits = replica(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"]).logits
         return {"loss": sft_loss(logits, rows["input_ids"], rows["loss_mask"], num_tokens)}
 
-    with rank_live(stage, rank) as live:
+    with rank_live(stage, rank, metrics) as live:
         fit(stage, model, cfg, step_metrics, checkpointer, live, rank, tokens_of=batches.tokens)
         if live is not None:
             live.make_summary()
