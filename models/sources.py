@@ -9,9 +9,10 @@ model (``save_pretrained`` refuses a GGUF-loaded one, so its weights move into a
 import hashlib
 import importlib.util
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 PACKAGE = "package:"
 GGUF_MAGIC = b"GGUF"
@@ -56,8 +57,11 @@ def source_error(spec: str) -> str | None:
     return None
 
 
-def load_source(spec: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_source(spec: str) -> tuple["PreTrainedModel", "PreTrainedTokenizerBase"]:
     """The float32 causal LM and tokenizer ``spec`` names, on the CPU."""
+    import torch  # here, not above: params validation reads this module and must not import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     path = resolve_source(spec)
     if path.is_dir():
         tokenizer = AutoTokenizer.from_pretrained(path)
