@@ -53,6 +53,7 @@ from tasks.common.params import load_params
 from tasks.common.training import adamw_with_cosine, guarded_step, make_deterministic
 from tasks.data.datasets import read_examples
 from tasks.data.problems import Example
+from tasks.data.prompts import PromptFormat
 from tasks.rl import trainer as rl
 from tasks.rl.core_algos import sft_loss
 from tasks.rl.distillation import distillation_learner
@@ -85,7 +86,7 @@ def heldout_pass_at_1(model: torch.nn.Module, tokenizer, test: list[Example], pa
     # Greedy decoding draws nothing today; the fork keeps both legs' streams intact should that change.
     # HFEngine.generate switches the model to eval() and back to the mode it found.
     with torch.random.fork_rng(devices=devices):
-        engine = HFEngine(model, tokenizer, params.eval.batch_size)
+        engine = HFEngine(model, tokenizer, params.eval.batch_size, PromptFormat.of(params.task))
         verdicts = greedy_responses(engine, test, params.eval.max_new_tokens)[1]
     return verdicts[:, 1].float().mean().item()
 
@@ -101,7 +102,8 @@ def sft_leg(project: Path, params: Params, steps: int, every: int, test: list[Ex
     cfg, init = params.sft_distill, project / model_dir(params.distill.init)
     tokenizer, device = load_tokenizer(init), resolve_device(params.device)
     source = project / TEACHER_DATA
-    batches = SFTBatches(read_examples(source)[: cfg.num_examples], tokenizer, cfg, source, params.seed)
+    examples, prompt_format = read_examples(source)[: cfg.num_examples], PromptFormat.of(params.task)
+    batches = SFTBatches(examples, tokenizer, prompt_format, cfg, source, params.seed)
     model = load_policy(init, device).train()
     # A fresh schedule over this leg (a second SFT run from the checkpoint), as the stage's own run had one.
     optimizer, scheduler = adamw_with_cosine(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, steps)
@@ -129,7 +131,8 @@ def on_policy_leg(project: Path, params: Params, iterations: int, every: int, te
     tokenizer = load_tokenizer(init)
     examples = read_examples(project / "artifacts/data/train.jsonl")
     # the stage's learner: with distill.lmbda < 1 some iterations train on the teacher's responses, as there
-    learner = distillation_learner(cfg, project / TEACHER_DATA, tokenizer, params.seed)
+    prompt_format = PromptFormat.of(params.task)
+    learner = distillation_learner(cfg, project / TEACHER_DATA, tokenizer, prompt_format, params.seed)
     roles = place(params, cfg, init, [], learner.roles(cfg), teacher)
     model, state = roles["actor"].handle.model, LoopState(kl_coef=cfg.kl_coef)
     evaluate_at, tokens = checkpoints(iterations, every), 0

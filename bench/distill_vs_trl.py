@@ -158,14 +158,13 @@ def trl_leg(
 
 def pass_at_1(project: Path, model: Path) -> float:
     """Greedy pass@1 of ``model`` on the first HELD_OUT held-out problems, as the eval stage decodes them."""
-    from models import load_policy, load_tokenizer
     from tasks.common.params import load_params
     from tasks.data.datasets import read_examples
-    from tasks.rollout.hf_engine import HFEngine
+    from tasks.rollout.hf_engine import policy_engine
     from tasks.stages.eval import greedy_responses
 
     params = load_params(project / "params.yaml")
-    engine = HFEngine(load_policy(model, torch.device("cpu")).eval(), load_tokenizer(model), params.eval.batch_size)
+    engine = policy_engine(params, model, {}, ("eval.max_new_tokens", params.eval.max_new_tokens))
     examples = read_examples(project / "artifacts/data/test.jsonl")[:HELD_OUT]
     return greedy_responses(engine, examples, params.eval.max_new_tokens)[1][:, 1].float().mean().item()
 

@@ -39,12 +39,13 @@ def _scorer(project: Path, split: str, reference_model: torch.nn.Module | None =
     from models import context_length, load_tokenizer
     from tasks.common.config import DPOConfig
     from tasks.data.datasets import read_preferences
+    from tasks.data.prompts import BARE
     from tasks.rl.preference import tokenize_pairs
     from tasks.stages.dpo import PairScorer, _reference
 
     init, source = project / "artifacts/sft_cold", project / f"artifacts/preferences/{split}.jsonl"
     tokenizer, pairs = load_tokenizer(init), read_preferences(source)
-    tokenized = tokenize_pairs(pairs, tokenizer, source, context_length(init))
+    tokenized = tokenize_pairs(pairs, tokenizer, BARE, source, context_length(init))
     cfg = DPOConfig(loss="dpo", beta=SETTINGS["beta"], sft_weight=0.0, batch_size=SETTINGS["batch_size"])  # as TRL
     reference = reference_model if reference_model is not None else _reference(split, source, "sft_cold")
     return PairScorer(cfg, tokenized, reference, tokenizer.pad_token_id), pairs

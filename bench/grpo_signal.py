@@ -67,7 +67,9 @@ def as_worked_solutions(rollout: Rollout, tokenizer) -> Rollout:
     completions = []
     for example, completion in zip(rollout.examples, rollout.completions, strict=True):
         ids = finished_response_ids(tokenizer, example.solution)
-        completions.append(Completion(completion.prompt_index, ids, example.solution, [0.0] * len(ids)))
+        completions.append(
+            Completion(completion.prompt_index, completion.prompt_ids, ids, example.solution, [0.0] * len(ids))
+        )
     return replace(rollout, completions=completions)
 
 

@@ -104,14 +104,13 @@ def trl_leg(project: Path, steps: int, output_dir: Path, checkpointing: bool) ->
 
 
 def pass_at_1(project: Path, model: Path) -> float:
-    from models import load_policy, load_tokenizer
     from tasks.common.params import load_params
     from tasks.data.datasets import read_examples
-    from tasks.rollout.hf_engine import HFEngine
+    from tasks.rollout.hf_engine import policy_engine
     from tasks.stages.eval import evaluate
 
     params = load_params(project / "params.yaml")
-    engine = HFEngine(load_policy(model, torch.device("cpu")), load_tokenizer(model), params.eval.batch_size)
+    engine = policy_engine(params, model, {}, ("eval.max_new_tokens", params.eval.max_new_tokens))
     metrics, _ = evaluate(engine, read_examples(project / "artifacts/data/test.jsonl"), params.eval)
     return metrics["pass@1"]
 

@@ -32,6 +32,7 @@ from tasks.common.flops import matmul_peak, mfu
 from tasks.common.params import load_params
 from tasks.common.training import adamw_with_cosine, make_deterministic
 from tasks.data.datasets import read_examples
+from tasks.data.prompts import BARE
 from tasks.rl import trainer as rl
 from tasks.rl.core_algos import sft_loss
 from tasks.rl.learner import LoopState
@@ -95,7 +96,7 @@ def sft_step_profile(project: Path, params, steps: int, warmup: int) -> None:
     cfg = params.sft
     make_deterministic(params.seed)
     tokenizer = load_tokenizer(project / "artifacts/base")
-    batches = SFTBatches(read_examples(project / "artifacts/data/train.jsonl"), tokenizer, cfg, Path("train"), 0)
+    batches = SFTBatches(read_examples(project / "artifacts/data/train.jsonl"), tokenizer, BARE, cfg, Path("train"), 0)
     model = load_policy(project / "artifacts/base", torch.device("cpu"))
     model.train()
     optimizer, scheduler = adamw_with_cosine(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, cfg.max_steps)

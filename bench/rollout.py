@@ -25,6 +25,7 @@ import torch
 from models import build_char_tokenizer, build_tiny_llama, load_policy, load_tokenizer
 from tasks.common.config import ArithmeticConfig, BaseConfig
 from tasks.data.problems import arithmetic
+from tasks.data.prompts import BARE
 from tasks.rollout.engine import RolloutEngine, Sampling
 from tasks.rollout.hf_engine import HFEngine
 from tasks.rollout.vllm_engine import VLLMEngine
@@ -69,9 +70,9 @@ def main(num_prompts: int, n: int, max_new_tokens: int, repeats: int, hf_batch_s
             f"model: {num_parameters / 1e6:.1f}M parameters; {num_prompts} prompts x {n} samples x "
             f"{max_new_tokens} new tokens, temperature {sampling.temperature}; torch threads {torch.get_num_threads()}"
         )
-        hf = HFEngine(load_policy(path, torch.device("cpu")), load_tokenizer(path), hf_batch_size)
+        hf = HFEngine(load_policy(path, torch.device("cpu")), load_tokenizer(path), hf_batch_size, BARE)
         results["hf"] = measure(hf, prompts, sampling, repeats)
-        vllm = VLLMEngine(path, SEED, max_model_len=MODEL.max_position_embeddings)
+        vllm = VLLMEngine(path, SEED, MODEL.max_position_embeddings, BARE)
         results["vllm"] = measure(vllm, prompts, sampling, repeats)
 
     print(f"{'engine':<8}{'seconds':>10}{'completions/s':>16}{'tokens/s':>12}")

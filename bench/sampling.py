@@ -27,6 +27,7 @@ from transformers import GenerationConfig
 
 from models import load_policy, load_tokenizer
 from tasks.data.datasets import read_examples
+from tasks.data.prompts import BARE
 from tasks.rollout.engine import Sampling
 from tasks.rollout.hf_engine import HFEngine
 
@@ -84,7 +85,7 @@ def main(project: Path | None, repeats: int) -> None:
         model, tokenizer = load_policy(model_dir, torch.device("cpu")), load_tokenizer(model_dir)
         prompts = [e.prompt for e in read_examples(project / "artifacts/data/test.jsonl")]
     model.eval()
-    engine = HFEngine(model, tokenizer, batch_size=256)
+    engine = HFEngine(model, tokenizer, 256, BARE)
     print(
         f"cold-start model, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; "
         f"torch threads {torch.get_num_threads()}; median of {repeats}"

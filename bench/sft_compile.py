@@ -18,6 +18,7 @@ from models import build_char_tokenizer, build_tiny_llama
 from tasks.common.flops import mfu
 from tasks.common.params import load_params
 from tasks.data.datasets import generate_splits
+from tasks.data.prompts import BARE
 from tasks.rl.core_algos import sft_loss
 from tasks.stages.sft import SFTBatches
 
@@ -54,7 +55,7 @@ def main() -> None:
     params = load_params("params.yaml", ["data.num_train=4096"])
     train, _ = generate_splits(params.task, params.data.num_train, params.data.num_test, params.seed)
     tokenizer = build_char_tokenizer()
-    batches = SFTBatches(train, tokenizer, params.sft, "generated", params.seed)
+    batches = SFTBatches(train, tokenizer, BARE, params.sft, "generated", params.seed)
     results: dict[str, list[tuple[float, float]]] = {"eager": [], "compiled": []}
     for _ in range(args.rounds):
         for name in results:

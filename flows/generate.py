@@ -23,7 +23,7 @@ from tasks.common.artifacts import PERF_FILE, PERF_STEPS_FILE, model_dir
 from tasks.common.config import Params
 from tasks.common.config.fields import schema_fields
 from tasks.common.registry import model_kinds, param_reference
-from tasks.stages.kinds import StageKind, stage_kinds
+from tasks.stages.kinds import PROMPT_PARAMS, StageKind, stage_kinds
 
 # The shared library every stage leans on is listed whole; the rest file by file, or by package when a stage
 # imports all of it.
@@ -94,6 +94,7 @@ def _entry(kind: StageKind, name: str, foreach: list[str] | str | None, target: 
     lines = [f"  {name}:", *_wrapped(kind.description, "    # ", "    # ")]
     body = [f"cmd: alignflow stage {command}", "deps:", *[f"  - {dep}" for dep in deps], "params:"]
     body += [f"  - {key.format(section=kind.section)}" for key in kind.params]
+    body += [f"  - {key}" for key in PROMPT_PARAMS if kind.prompts]
     body += ["outs:", f"  - artifacts/{out}"]
     if kind.metrics:
         body += ["metrics:", f"  - metrics/{out}/metrics.json:", "      cache: false"]

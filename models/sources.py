@@ -8,6 +8,8 @@ model (``save_pretrained`` refuses a GGUF-loaded one, so its weights move into a
 
 import hashlib
 import importlib.util
+import json
+import struct
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +18,7 @@ if TYPE_CHECKING:
 
 PACKAGE = "package:"
 GGUF_MAGIC = b"GGUF"
+GGUF_VERSIONS = (2, 3)  # what the gguf package (and llama.cpp) read
 
 
 class ModelSourceError(ValueError):
@@ -52,9 +55,31 @@ def source_error(spec: str) -> str | None:
     if not path.is_file():
         return f"no model directory or GGUF file at {spec!r}"
     with open(path, "rb") as handle:
-        if handle.read(len(GGUF_MAGIC)) != GGUF_MAGIC:
-            return f"{spec!r} is neither a model directory nor a GGUF file (it does not start with {GGUF_MAGIC!r})"
+        header = handle.read(24)  # magic, version, tensor count, metadata count: read here without the gguf package
+    if header[:4] != GGUF_MAGIC:
+        return f"{spec!r} is neither a model directory nor a GGUF file (it does not start with {GGUF_MAGIC!r})"
+    if len(header) < 24:
+        return f"{spec!r}: the GGUF file ends inside its header ({len(header)} bytes)"
+    version, tensors, _ = struct.unpack("<IQQ", header[4:])
+    if version not in GGUF_VERSIONS:
+        return f"{spec!r}: GGUF version {version} does not parse (readable: {', '.join(map(str, GGUF_VERSIONS))})"
+    if tensors == 0:
+        return f"{spec!r}: the GGUF file holds no tensors"
     return None
+
+
+def has_chat_template(spec: str | None) -> bool:
+    """Whether the model ``spec`` names (None: the built-in tiny model, which has none) ships a chat template."""
+    if spec is None:
+        return False
+    path = resolve_source(spec)
+    if path.is_dir():
+        config = path / "tokenizer_config.json"
+        in_config = config.is_file() and bool(json.loads(config.read_text()).get("chat_template"))
+        return in_config or (path / "chat_template.jinja").is_file()
+    from gguf import GGUFReader  # reads the whole vocabulary: seconds, so only when a template is required
+
+    return "tokenizer.chat_template" in GGUFReader(path).fields
 
 
 def load_source(spec: str) -> tuple["PreTrainedModel", "PreTrainedTokenizerBase"]:

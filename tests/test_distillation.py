@@ -14,6 +14,7 @@ from tasks.common.config import BaseConfig, ConfigError, Params
 from tasks.common.params import load_params
 from tasks.common.training import make_deterministic
 from tasks.data.problems import Example
+from tasks.data.prompts import BARE
 from tasks.rl.distill_losses import DISTILL_LOSSES
 from tasks.rl.distillation import distill_roles, learn_distillation, teacher_batches
 from tasks.rl.learner import LoopState
@@ -123,7 +124,7 @@ def test_gkd_lambda_leaves_an_even_share_of_iterations_to_the_teachers_responses
     sums = [(a, b) for a in range(5) for b in range(5)]
     examples = [Example("arithmetic", f"{a}+{b}=", str(a + b), f"<answer>{a + b}</answer>") for a, b in sums]
     cfg = replace(Params().distill, distill_loss="gkd", lmbda=lmbda, rollout_batch_size=3, group_size=2)
-    draw = teacher_batches(examples, tokenizer, cfg, SEED)
+    draw = teacher_batches(examples, tokenizer, BARE, cfg, SEED)
     drawn = {i: draw(i) for i in range(8)}
     assert [i for i, rollout in drawn.items() if rollout is not None] == teacher_iterations
     for rollout in filter(None, drawn.values()):

@@ -12,6 +12,7 @@ from models import load_tokenizer
 from tasks.common.config import LEARNERS, Params
 from tasks.common.training import make_deterministic
 from tasks.data.problems import Example
+from tasks.data.prompts import BARE
 from tasks.rl.learner import LoopState, Rollout
 from tasks.rl.online_preference import PAIRS, learn_preferences, preference_roles
 from tasks.rl.placement import place
@@ -78,7 +79,9 @@ def test_a_toy_online_dpo_run_raises_its_mean_reward(model_dir, one_thread):
 def test_the_engine_samples_from_weights_refreshed_every_sync_every_updates(model_dir, one_thread, sync_every):
     cfg = replace(Params().online_dpo, sync_every=sync_every, actor_lr=1e-2, warmup_steps=0, epochs=1)
     actor = ActorWorker(Params(seed=SEED, device="cpu"), cfg, model_dir)
-    batch = pack_text(load_tokenizer(model_dir), ["1+2=", "3+4="] * 2, ["3", "7", "4", "9"])  # 2 chosen, 2 rejected
+    batch = pack_text(
+        load_tokenizer(model_dir), BARE, ["1+2=", "3+4="] * 2, ["3", "7", "4", "9"]
+    )  # 2 chosen, 2 rejected
 
     def engine_weights() -> torch.Tensor:
         return actor.engine.model.model.embed_tokens.weight.detach().clone()
@@ -98,7 +101,7 @@ def test_a_semi_online_actor_resumes_with_the_engine_weights_it_had(model_dir, o
     cfg = replace(Params().online_dpo, sync_every=3, actor_lr=1e-2, warmup_steps=0, epochs=1)
     params = Params(seed=SEED, device="cpu")
     actor = ActorWorker(params, cfg, model_dir)
-    batch = pack_text(load_tokenizer(model_dir), ["1+2=", "3+4="] * 2, ["3", "7", "4", "9"])
+    batch = pack_text(load_tokenizer(model_dir), BARE, ["1+2=", "3+4="] * 2, ["3", "7", "4", "9"])
     for _ in range(4):  # synced after update 3, one update since
         actor.update(batch, PAIRS, {"ref_logprobs": actor.logprobs(batch)})
     resumed = ActorWorker(params, cfg, model_dir)
@@ -141,7 +144,8 @@ def test_a_rollout_of_ties_makes_no_pairs_no_update_and_no_alarm(model_dir, one_
     cfg = replace(Params().online_dpo, group_size=2, dynamic_sampling=False)
     roles = place(Params(seed=SEED, device="cpu"), cfg, model_dir, [], preference_roles(cfg))
     before = roles["actor"].call("weights").result()
-    completions = [Completion(0, [5, 6], "ab", [-1.0, -1.0]), Completion(0, [7], "c", [-1.0])]
+    prompt = load_tokenizer(model_dir)("1+2=")["input_ids"]
+    completions = [Completion(0, prompt, [5, 6], "ab", [-1.0, -1.0]), Completion(0, prompt, [7], "c", [-1.0])]
     example = Example("arithmetic", "1+2=", "3", "")
     rollout = Rollout([example, example], completions, torch.tensor([0.5, 0.5]), {}, {})
     metrics = learn_preferences(roles, rollout, load_tokenizer(model_dir), cfg, LoopState(), new_clock())

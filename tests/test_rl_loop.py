@@ -13,6 +13,7 @@ from models import load_tokenizer
 from tasks.common.config import Params, RLConfig
 from tasks.common.training import epoch_batch, make_deterministic
 from tasks.data.problems import Example
+from tasks.data.prompts import BARE
 from tasks.rl.core_algos import masked_mean
 from tasks.rl.learner import LoopState, Rollout
 from tasks.rl.placement import ActorEngine, Worker, place
@@ -50,7 +51,7 @@ class FakeActor:
     def generate(self, prompts: list[str]) -> list[Completion]:
         self.batches.append(list(prompts))
         return [
-            Completion(index, [10 + index, 20 + sample], f"{prompt}|{sample}", [-0.5, -0.25])
+            Completion(index, [1, 30 + index], [10 + index, 20 + sample], f"{prompt}|{sample}", [-0.5, -0.25])
             for index, prompt in enumerate(prompts)
             for sample in range(self.group_size)
         ]
@@ -198,7 +199,7 @@ def numbered_rollout(rows: int, offset: int, failures: dict[str, int]) -> Rollou
     ids = range(offset, offset + rows)
     return Rollout(
         [Example("arithmetic", f"p{i}", str(i), "") for i in ids],
-        [Completion(i, [i], f"r{i}", [-float(i)]) for i in ids],
+        [Completion(i, [1], [i], f"r{i}", [-float(i)]) for i in ids],
         torch.tensor([float(i) for i in ids]),
         {"x": torch.tensor([10.0 * i for i in ids]), "y": torch.tensor([-float(i) for i in ids])},
         failures,
@@ -269,6 +270,7 @@ def test_the_critics_value_loss_falls_on_a_fixed_batch(model_dir, one_thread):
     critic = CriticWorker(Params(device="cpu"), cfg, model_dir)
     batch = pack_text(
         load_tokenizer(model_dir),
+        BARE,
         ["1+2=", "98-7=", "1+2=", "12*3="],
         ["<think>x</think>", "<answer>91</answer>", "3", "36"],
     )
@@ -284,7 +286,7 @@ def test_the_critics_value_loss_falls_on_a_fixed_batch(model_dir, one_thread):
 
 def test_the_critics_values_pass_is_deterministic(model_dir, one_thread):
     critic = CriticWorker(Params(device="cpu"), RLConfig(), model_dir)
-    batch = pack_text(load_tokenizer(model_dir), ["1+2=", "98-7="], ["<think>x</think>", "<answer>91</answer>"])
+    batch = pack_text(load_tokenizer(model_dir), BARE, ["1+2=", "98-7="], ["<think>x</think>", "<answer>91</answer>"])
     assert torch.equal(critic.values(batch), critic.values(batch))
 
 

@@ -11,6 +11,7 @@ from tasks.common.artifacts import DATA_DIR, member_dirs, model_dir
 from tasks.common.params import load_params
 from tasks.data.datasets import read_examples, read_preferences
 from tasks.data.judge import gold_utility
+from tasks.data.prompts import BARE
 from tasks.rl.learner import LoopState, Rollout
 from tasks.rl.placement import place
 from tasks.rl.policy_gradient import learn, needed_roles
@@ -60,6 +61,7 @@ def test_rlhf_pipeline_runs_every_stage_and_reports_reward_accuracy_and_gold_rew
     scores = score_texts(
         reward_model,
         load_tokenizer(model_path),
+        BARE,
         [pair.prompt for pair in judged] * 2,
         [pair.chosen for pair in judged] + [pair.rejected for pair in judged],
         batch_size=64,

@@ -13,6 +13,7 @@ from tasks.common.config import RLConfig
 from tasks.common.params import load_params
 from tasks.data.judge import gold_utility, prefers_first
 from tasks.data.problems import Example
+from tasks.data.prompts import BARE
 from tasks.rl.core_algos import POLICY_LOSSES, adaptive_kl_coef, explained_variance, token_logprobs
 from tasks.rl.learner import RunningMoments, prepare_scores
 from tasks.rl.policy_gradient import policy_gradient_loss
@@ -38,7 +39,7 @@ def test_trainer_logprobs_of_a_rollout_equal_the_engines(model_dir):
     torch.manual_seed(0)
     model, tokenizer = load_policy(model_dir, CPU), load_tokenizer(model_dir)
     prompts = ["1+2=", "123*4=", "98-7="]
-    completions = HFEngine(model, tokenizer, batch_size=8).generate(prompts, Sampling(12, n=2, temperature=0.7))
+    completions = HFEngine(model, tokenizer, 8, BARE).generate(prompts, Sampling(12, n=2, temperature=0.7))
     assert [c.prompt_index for c in completions] == [0, 0, 1, 1, 2, 2]
     batch = pack(
         [tokenizer(prompts[c.prompt_index])["input_ids"] for c in completions],
@@ -64,7 +65,7 @@ def test_greedy_sampling_is_transformers_greedy_generate_token_for_token(model_d
             parameter.normal_(0, 0.3)
     prompts = ["1+2=", "123*4=", "98-7=", "5=", "77+3="]
     greedy = Sampling(24, n=2, greedy=True)
-    unended = [c.token_ids for c in HFEngine(model, tokenizer, batch_size=8).generate(prompts, greedy)]
+    unended = [c.token_ids for c in HFEngine(model, tokenizer, 8, BARE).generate(prompts, greedy)]
 
     def ends(token: int) -> set[int]:
         return {ids.index(token) if token in ids else 24 for ids in unended}
@@ -73,7 +74,7 @@ def test_greedy_sampling_is_transformers_greedy_generate_token_for_token(model_d
     said = {token for ids in unended for token in ids}
     tokenizer.eos_token = tokenizer.convert_ids_to_tokens(max(sorted(said), key=lambda token: len(ends(token))))
     assert len(ends(tokenizer.eos_token_id)) >= 3
-    completions = HFEngine(model, tokenizer, batch_size=3).generate(prompts, greedy)
+    completions = HFEngine(model, tokenizer, 3, BARE).generate(prompts, greedy)
     assert [c.prompt_index for c in completions] == [i for i in range(len(prompts)) for _ in range(2)]
     tokenizer.padding_side = "left"
     for completion in completions:
@@ -102,7 +103,7 @@ def test_rows_sharing_a_prompt_give_the_numbers_and_gradients_of_one_pass_over_e
     model, tokenizer = load_policy(model_dir, CPU), load_tokenizer(model_dir)
     prompts = ["1+2=", "123*4=", "1+2=", "98-7=", "123*4=", "1+2="]
     responses = ["<think>x</think>", "<a>1</a>", "9", "<answer>91</answer>", "<think>1</think>", "<a>33</a>"]
-    batch = pack_text(tokenizer, prompts, responses)
+    batch = pack_text(tokenizer, BARE, prompts, responses)
 
     def logprobs_and_gradients(logits: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         logprobs = token_logprobs(logits.float(), batch.response_ids) * batch.response_mask
@@ -117,8 +118,8 @@ def test_rows_sharing_a_prompt_give_the_numbers_and_gradients_of_one_pass_over_e
 
 def test_a_rows_numbers_do_not_depend_on_its_batchs_padding(model_dir):
     model, tokenizer = load_policy(model_dir, CPU), load_tokenizer(model_dir)
-    alone = pack_text(tokenizer, ["1+2="], ["<think>x</think>"])
-    padded = pack_text(tokenizer, ["1+2=", "123456*7="], ["<think>x</think>", "<think>a much longer one</think>"])
+    alone = pack_text(tokenizer, BARE, ["1+2="], ["<think>x</think>"])
+    padded = pack_text(tokenizer, BARE, ["1+2=", "123456*7="], ["<think>x</think>", "<think>a much longer one</think>"])
     with torch.no_grad():
         first, _ = response_logprobs(model, alone, 1.0)
         second, _ = response_logprobs(model, padded, 1.0)
@@ -161,7 +162,7 @@ def test_a_single_update_without_an_old_logprob_pass_is_the_update_with_one(mode
     overrides = ["group_size=2", "minibatch_size=4", "warmup_steps=0", "kl_loss=none"]
     params = load_params(REPO / "params.yaml", [f"grpo.{o}" for o in overrides])
     tokenizer = load_tokenizer(model_dir)
-    batch = pack_text(tokenizer, ["1+2=", "98-7="] * 2, ["<think>x</think>", "<answer>91</answer>", "3", "<a>"])
+    batch = pack_text(tokenizer, BARE, ["1+2=", "98-7="] * 2, ["<think>x</think>", "<answer>91</answer>", "3", "<a>"])
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None] * batch.response_mask
     weights, reported = [], []
     for precomputed in (True, False):

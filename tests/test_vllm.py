@@ -10,6 +10,7 @@ import torch
 
 from models import build_char_tokenizer, build_tiny_llama, load_policy, load_tokenizer
 from tasks.common.config import BaseConfig
+from tasks.data.prompts import BARE
 from tasks.rl.core_algos import sft_loss, token_logprobs
 from tasks.rl.sequences import finished_response_ids
 from tasks.rollout.engine import Sampling
@@ -71,7 +72,7 @@ def synced(tmp_path_factory) -> SimpleNamespace:
     tokenizer, policy = load_tokenizer(path), load_policy(path, torch.device("cpu"))
     completions = [finished_response_ids(tokenizer, r) for r in RESPONSES]
 
-    engine = VLLMEngine(path, seed=0, max_model_len=256)
+    engine = VLLMEngine(path, 0, 256, BARE)
     run = SimpleNamespace(engine=engine, policy=policy, tokenizer=tokenizer, completions=completions)
     run.vllm_before = engine.completion_logprobs(PROMPTS, completions)
     run.trainer_before = trainer_logprobs(policy, tokenizer, PROMPTS, completions)
@@ -115,7 +116,7 @@ def test_sampled_completions_are_well_formed_and_carry_the_trainers_logprobs(syn
 
 def test_greedy_completions_equal_hf_generate(synced):
     prompts, sampling = [*PROMPTS, LONG_PROMPT], Sampling(24, greedy=True)
-    hf = HFEngine(synced.policy, synced.tokenizer, batch_size=len(prompts)).generate(prompts, sampling)
+    hf = HFEngine(synced.policy, synced.tokenizer, len(prompts), BARE).generate(prompts, sampling)
     vllm = synced.engine.generate(prompts, sampling)
     assert [c.token_ids for c in vllm] == [c.token_ids for c in hf]
     assert [c.text for c in vllm] == [c.text for c in hf]

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from cronsim import CronSim, CronSimError
 from dvc.config_schema import REMOTE_SCHEMAS
 
-from models.sources import source_error
+from models.sources import has_chat_template, source_error
 from tasks.common.artifacts import USER_DATA
 from tasks.common.config import (
     GATE_METRICS,
@@ -238,10 +238,14 @@ def cross_field_errors(params: Params) -> Iterator[str]:
                 f"grpo_final/<an earlier round>), got {spec.policy!r}"
             )
     longest = max(params.sft.max_length, params.sft.max_prompt_length + evaluation.max_new_tokens)
+    source_problem = None if base.model_path is None else source_error(base.model_path)
     if base.model_path is None:
         yield from _size_errors("base", base, longest)
-    elif (error := source_error(base.model_path)) is not None:
-        yield f"base.model_path: {error}"
+    elif source_problem is not None:
+        yield f"base.model_path: {source_problem}"
+    if params.task.chat_template == "on" and source_problem is None and not has_chat_template(base.model_path):
+        model = base.model_path or "the built-in tiny model"
+        yield f"task.chat_template: 'on' requires a chat template, and the base model ({model}) has none; auto or off"
     backbone = params.reward_backbone
     yield from _size_errors("reward_backbone", backbone, max(longest, backbone.max_length))
     yield from _distill_errors(params, max(longest, params.sft.max_prompt_length + params.distill.max_new_tokens))

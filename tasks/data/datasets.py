@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from tasks.common.errors import warn
 from tasks.data.problems import PROBLEMS, Example, parse_response
+from tasks.data.prompts import PromptFormat
 
 _STRING_FIELDS = ("task", "prompt", "answer", "solution")
 _PAIR_FIELDS = ("prompt", "chosen", "rejected")
@@ -139,18 +140,20 @@ def read_preferences(path: str | Path) -> list[PreferencePair]:
 def check_prompt_lengths(
     examples: list[Example],
     tokenizer: Any,
+    prompt_format: PromptFormat,
     source: str | Path,
     max_prompt_length: int,
     positions: int,
     new_tokens: tuple[str, int],
 ) -> None:
-    """Every prompt fits ``max_prompt_length`` (sft.max_prompt_length, the bound every stage shares) and leaves the
-    model's ``positions`` room for the stage's ``new_tokens`` (key, value); DatasetError naming ``source:line``."""
+    """Every prompt, as ``prompt_format`` gives it to the model, fits ``max_prompt_length`` (sft.max_prompt_length, the
+    bound every stage shares) and leaves the model's ``positions`` room for the stage's ``new_tokens`` (key, value);
+    DatasetError naming ``source:line``."""
     key, count = new_tokens
     limit, why = max_prompt_length, f"sft.max_prompt_length={max_prompt_length}"
     if positions - count < limit:
         limit, why = positions - count, f"the model's {positions} positions less {key}={count}"
-    lengths = [len(ids) for ids in tokenizer([e.prompt for e in examples])["input_ids"]]
+    lengths = [len(ids) for ids in prompt_format.encode(tokenizer, [e.prompt for e in examples])]
     for line, length in enumerate(lengths, start=1):
         if length > limit:
             raise DatasetError(f"{source}:{line}: the prompt is {length} tokens, over {why}")

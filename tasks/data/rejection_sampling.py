@@ -10,12 +10,10 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-from models import context_length, load_policy, load_tokenizer, resolve_device
 from tasks.common.config import Params, RejectionSamplingConfig
-from tasks.data.datasets import check_prompt_lengths
 from tasks.data.problems import PROBLEMS, Example, score_response
 from tasks.rollout.engine import Sampling
-from tasks.rollout.hf_engine import HFEngine
+from tasks.rollout.hf_engine import policy_engine
 
 # Scores of (example, its distinct responses), higher is better: how a task without a verifier picks.
 Ranker = Callable[[Example, list[str]], list[float]]
@@ -53,10 +51,8 @@ def sample_and_verify(
     """Sample ``cfg.samples_per_prompt`` responses to each of ``prompts`` (read from ``source``) from ``policy`` and
     keep the accepted ones as SFT rows; returns them and the statistics (``accepted``, ``acceptance_rate``,
     ``acceptance_rate_by_difficulty/<label>``). ``section`` names cfg's keys in errors."""
-    tokenizer = load_tokenizer(policy)
     new_tokens = (f"{section}.max_new_tokens", cfg.max_new_tokens)
-    check_prompt_lengths(prompts, tokenizer, source, params.sft.max_prompt_length, context_length(policy), new_tokens)
-    engine = HFEngine(load_policy(policy, resolve_device(params.device)), tokenizer, params.eval.batch_size)
+    engine = policy_engine(params, policy, {source: prompts}, new_tokens)
     sampling = Sampling(cfg.max_new_tokens, n=cfg.samples_per_prompt, temperature=cfg.temperature)
     completions = engine.generate([e.prompt for e in prompts], sampling)
 

@@ -25,6 +25,7 @@ from tasks.common.config import DistillConfig
 from tasks.common.training import epoch_batch
 from tasks.data.datasets import DatasetError, read_examples
 from tasks.data.problems import Example
+from tasks.data.prompts import PromptFormat
 from tasks.rl.core_algos import ADVANTAGE_ESTIMATORS, masked_mean, shaped_rewards
 from tasks.rl.distill_losses import DISTILL_LOSSES
 from tasks.rl.learner import (
@@ -101,7 +102,7 @@ def learn_distillation(
 
 
 def teacher_batches(
-    examples: list[Example], tokenizer, cfg: DistillConfig, seed: int
+    examples: list[Example], tokenizer, prompt_format: PromptFormat, cfg: DistillConfig, seed: int
 ) -> Callable[[int], Rollout | None]:
     """Iteration i's rollout from the teacher's verified ``examples`` on the iterations GKD's λ leaves to them
     (1 − λ of them, spread evenly: i is a student iteration when ⌊(i + 1) λ⌋ > ⌊i λ⌋), else None (sample)."""
@@ -111,16 +112,19 @@ def teacher_batches(
         if int((iteration + 1) * cfg.lmbda) > int(iteration * cfg.lmbda):
             return None
         chosen = [examples[i] for i in epoch_batch(len(examples), size, iteration, seed)]
+        prompts = prompt_format.encode(tokenizer, [e.prompt for e in chosen])
         completions = [
-            Completion(row, finished_response_ids(tokenizer, e.solution), e.solution, [])
-            for row, e in enumerate(chosen)
+            Completion(row, prompt, finished_response_ids(tokenizer, e.solution), e.solution, [])
+            for row, (e, prompt) in enumerate(zip(chosen, prompts, strict=True))
         ]
         return Rollout(chosen, completions, torch.zeros(len(chosen)), {}, {}, on_policy=False)
 
     return draw
 
 
-def distillation_learner(cfg: DistillConfig, teacher_data: Path, tokenizer, seed: int) -> Learner:
+def distillation_learner(
+    cfg: DistillConfig, teacher_data: Path, tokenizer, prompt_format: PromptFormat, seed: int
+) -> Learner:
     """The distillation learner; below λ = 1 it reads the teacher's verified responses from ``teacher_data``."""
     if cfg.lmbda == 1:
         return Learner(distill_roles, learn_distillation)
@@ -131,4 +135,5 @@ def distillation_learner(cfg: DistillConfig, teacher_data: Path, tokenizer, seed
             f"{teacher_data}: {len(examples)} rows, fewer than a batch of distill.rollout_batch_size x "
             f"distill.group_size = {batch}, which distill.lmbda < 1 takes from it"
         )
-    return Learner(distill_roles, learn_distillation, teacher_batches(examples, tokenizer, cfg, seed), (teacher_data,))
+    draw = teacher_batches(examples, tokenizer, prompt_format, cfg, seed)
+    return Learner(distill_roles, learn_distillation, draw, (teacher_data,))

@@ -65,24 +65,15 @@ class Rollout:
     on_policy: bool = True  # False: responses taken from a dataset (a teacher's), not sampled from the policy
 
     def packed(self, tokenizer, rows: list[int] | None = None) -> PackedBatch:
-        """The responses of ``rows`` (all by default) packed after their prompts, each distinct prompt tokenised
-        once (a group's responses share theirs)."""
+        """The responses of ``rows`` (all by default) packed after their prompts: exactly the token ids the engine
+        read and sampled (with a BPE tokenizer, decoding and re-encoding them need not give them back)."""
         rows = range(len(self.completions)) if rows is None else rows
-        prompt_ids = self._prompt_ids(tokenizer)
-        responses = [self.completions[row].token_ids for row in rows]
-        return pack([prompt_ids[self.examples[row].prompt] for row in rows], responses, tokenizer.pad_token_id)
+        chosen = [self.completions[row] for row in rows]
+        return pack([c.prompt_ids for c in chosen], [c.token_ids for c in chosen], tokenizer.pad_token_id)
 
-    def tokens(self, tokenizer) -> int:
+    def tokens(self) -> int:
         """Real tokens of every row: its prompt's and its response's (what a training pass over it computes)."""
-        prompt_ids = self._prompt_ids(tokenizer)
-        return sum(
-            len(prompt_ids[e.prompt]) + len(c.token_ids) for e, c in zip(self.examples, self.completions, strict=True)
-        )
-
-    def _prompt_ids(self, tokenizer) -> dict[str, list[int]]:
-        """Each distinct prompt's token ids (a group's responses share theirs)."""
-        distinct = list(dict.fromkeys(example.prompt for example in self.examples))
-        return dict(zip(distinct, tokenizer(distinct)["input_ids"], strict=True))
+        return sum(len(c.prompt_ids) + len(c.token_ids) for c in self.completions)
 
     def groups(self, keep: torch.Tensor, group_size: int) -> "Rollout":
         rows = torch.arange(len(self.scores)).view(-1, group_size)[keep].flatten().tolist()

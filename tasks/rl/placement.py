@@ -97,7 +97,7 @@ def place(
         "actor": (ActorWorker, (params, cfg, policy_dir)),
         "critic": (CriticWorker, (params, cfg, critic_dir)),
         "reference": (FrozenWorker, (params, cfg, policy_dir)),
-        "reward": (RewardWorker, (params, cfg, reward_dirs)),
+        "reward": (RewardWorker, (params, cfg, reward_dirs, policy_dir)),
         "teacher": (FrozenWorker, (params, cfg, teacher_dir)),
     }
     if not cfg.colocate or not engine_in_actor(cfg):

@@ -11,6 +11,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tasks.data.datasets import DatasetError, PreferencePair
+from tasks.data.prompts import PromptFormat
 from tasks.rl.preference_losses import PairLogprobs, sequence_logprobs
 from tasks.rl.sequences import PackedBatch, finished_response_ids, pack, response_logprobs
 
@@ -18,12 +19,17 @@ TokenizedPair = tuple[list[int], list[int], list[int]]  # prompt, chosen, reject
 
 
 def tokenize_pairs(
-    pairs: list[PreferencePair], tokenizer: PreTrainedTokenizerBase, source: str | Path, positions: int
+    pairs: list[PreferencePair],
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_format: PromptFormat,
+    source: str | Path,
+    positions: int,
 ) -> list[TokenizedPair]:
-    """Every pair's token ids; DatasetError naming ``source:line`` for a pair longer than the model's ``positions``."""
+    """Every pair's token ids, its prompt as ``prompt_format`` gives it to the model; DatasetError naming
+    ``source:line`` for a pair longer than the model's ``positions``."""
     tokenized = []
-    for line, pair in enumerate(pairs, start=1):
-        prompt = tokenizer(pair.prompt)["input_ids"]
+    prompts = prompt_format.encode(tokenizer, [pair.prompt for pair in pairs])
+    for line, (pair, prompt) in enumerate(zip(pairs, prompts, strict=True), start=1):
         chosen, rejected = (finished_response_ids(tokenizer, response) for response in (pair.chosen, pair.rejected))
         longest = len(prompt) + max(len(chosen), len(rejected))
         if longest > positions:

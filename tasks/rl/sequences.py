@@ -13,6 +13,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from tasks.common.distributed import is_sharded
+from tasks.data.prompts import PromptFormat
 from tasks.rl.core_algos import token_logprobs
 
 
@@ -137,24 +138,36 @@ def finished_response_ids(tokenizer: PreTrainedTokenizerBase, response: str) -> 
     return tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
 
 
-def pack_text(tokenizer: PreTrainedTokenizerBase, prompts: list[str], responses: list[str]) -> PackedBatch:
-    """Tokenise (prompt, response) texts as a finished response: the response ends with end-of-sequence."""
-    prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
+def pack_text(
+    tokenizer: PreTrainedTokenizerBase, prompt_format: PromptFormat, prompts: list[str], responses: list[str]
+) -> PackedBatch:
+    """Tokenise (prompt, response) texts as a finished response (it ends with end-of-sequence), each prompt as
+    ``prompt_format`` gives it to the model."""
     response_ids = [finished_response_ids(tokenizer, r) for r in responses]
-    return pack(prompt_ids, response_ids, tokenizer.pad_token_id)
+    return pack(prompt_format.encode(tokenizer, prompts), response_ids, tokenizer.pad_token_id)
 
 
 @torch.no_grad()
+def score_sequences(
+    model: PreTrainedModel, prompts: list[list[int]], responses: list[list[int]], pad_id: int, batch_size: int
+) -> torch.Tensor:
+    """The reward model's score of each (prompt ids, finished response ids)."""
+    scores = []
+    for start in range(0, len(prompts), batch_size):
+        batch = pack(prompts[start : start + batch_size], responses[start : start + batch_size], pad_id)
+        scores.append(model(**batch.to(model.device).model_inputs()).logits.squeeze(-1).float().cpu())
+    return torch.cat(scores)
+
+
 def score_texts(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
+    prompt_format: PromptFormat,
     prompts: list[str],
     responses: list[str],
     batch_size: int,
 ) -> torch.Tensor:
-    """The reward model's score of each (prompt, response), as a finished response."""
-    scores = []
-    for start in range(0, len(prompts), batch_size):
-        batch = pack_text(tokenizer, prompts[start : start + batch_size], responses[start : start + batch_size])
-        scores.append(model(**batch.to(model.device).model_inputs()).logits.squeeze(-1).float().cpu())
-    return torch.cat(scores)
+    """The reward model's score of each (prompt, response) text, as a finished response."""
+    response_ids = [finished_response_ids(tokenizer, r) for r in responses]
+    prompt_ids = prompt_format.encode(tokenizer, prompts)
+    return score_sequences(model, prompt_ids, response_ids, tokenizer.pad_token_id, batch_size)

@@ -57,6 +57,7 @@ from tasks.common.training import (
 from tasks.data.datasets import check_prompt_lengths, read_examples
 from tasks.data.judge import gold_utility
 from tasks.data.problems import Example, score_response
+from tasks.data.prompts import PromptFormat
 from tasks.rl.core_algos import adaptive_kl_coef, informative_groups
 from tasks.rl.learner import Learner, LoopState, Rollout, RunningMoments
 from tasks.rl.placement import Roles, placed
@@ -82,7 +83,7 @@ def score(
     texts = [c.text for c in completions]
     pending = None
     if "reward" in roles:
-        pending = roles["reward"].call("score", [e.prompt for e in per_response], texts)
+        pending = roles["reward"].call("score", [e.prompt for e in per_response], completions)
     inputs = RewardInputs(
         per_response,
         texts,
@@ -228,6 +229,7 @@ def train(
     check_prompt_lengths(
         examples,
         tokenizer,
+        PromptFormat.of(params.task),
         train_file,
         params.sft.max_prompt_length,
         context_length(init_dir),
@@ -296,7 +298,7 @@ def train(
             timings.append({"step": state.step, **phases, "total": time.perf_counter() - started})
             if rollout is not None and clock["time/train"] > 0:
                 # the update's model FLOPs utilisation: its passes over the rollout's real tokens, epochs times
-                trained = rollout.tokens(tokenizer) * cfg.epochs
+                trained = rollout.tokens() * cfg.epochs
                 updates.add(trained, clock["time/train"])
                 timings[-1]["update_mfu"] = mfu(parameters, trained, clock["time/train"], threads, workers)
             progress.set_postfix(reward=logged.get("reward"), gold=logged.get("gold_reward"))

@@ -25,7 +25,15 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import PreTrainedModel
 
-from models import load_critic, load_policy, load_reference, load_reward_model, load_tokenizer, resolve_device
+from models import (
+    load_critic,
+    load_policy,
+    load_reference,
+    load_reward_model,
+    load_tokenizer,
+    resolve_device,
+    vocabulary_mismatch,
+)
 from tasks.common.config import Params, RLConfig
 from tasks.common.distributed import SINGLE, Rank, full_state_dict, shard_in_place, training_state
 from tasks.common.training import (
@@ -37,8 +45,9 @@ from tasks.common.training import (
     rng_state,
     set_rng_state,
 )
+from tasks.data.prompts import PromptFormat
 from tasks.rl.core_algos import clipped_value_loss
-from tasks.rl.sequences import PackedBatch, response_logprobs, score_texts, shared_prompt_logits
+from tasks.rl.sequences import PackedBatch, response_logprobs, score_sequences, score_texts, shared_prompt_logits
 from tasks.rollout.engine import Completion, Sampling
 from tasks.rollout.engine_group import make_engine, rollout_sampling
 from tasks.rollout.hf_engine import HFEngine
@@ -205,6 +214,7 @@ class ActorWorker(_TrainedRole):
         self.updates, self.synced_at = 0, 0  # optimizer steps taken, and at which the engine was last synced
         self.sync_due = False  # engines apart from the actor are behind it by sync_every steps or more
         self.tokenizer, self.batch_size = load_tokenizer(model_dir), params.eval.batch_size
+        self.prompt_format = PromptFormat.of(params.task)
         self.sampler, self.engine = None, None
         if engine_in_actor(cfg):
             self.sampler = self.model if cfg.sync_every == 1 else copy.deepcopy(self.model).requires_grad_(False)
@@ -219,7 +229,7 @@ class ActorWorker(_TrainedRole):
         devices = [self.model.device] if self.model.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
-            return HFEngine(self.model, self.tokenizer, self.batch_size).generate(prompts, sampling)
+            return HFEngine(self.model, self.tokenizer, self.batch_size, self.prompt_format).generate(prompts, sampling)
 
     def _took_steps(self, steps: int) -> None:
         """Count ``steps`` optimizer steps and sync the engine once ``sync_every`` have passed since the last sync
@@ -377,16 +387,34 @@ class FrozenWorker:
 
 
 class RewardWorker:
-    def __init__(self, params: Params, cfg: RLConfig, member_dirs: list[Path]):
-        device = resolve_device(params.device)
-        self.members = [(load_reward_model(path, device), load_tokenizer(path)) for path in member_dirs]
-        self.combine, self.batch_size = cfg.reward_ensemble, params.eval.batch_size
+    """The reward model (an ensemble's members, combined by ``reward_ensemble``) scoring sampled responses. A member
+    that reads the policy's vocabulary scores exactly the token ids the engine read and sampled (with a BPE
+    tokenizer, decoding and re-encoding them need not give them back); one with a vocabulary of its own (a reward
+    backbone's) reads the text."""
 
-    def score(self, prompts: list[str], responses: list[str]) -> torch.Tensor:
-        scores = torch.stack(
-            [score_texts(model, tokenizer, prompts, responses, self.batch_size) for model, tokenizer in self.members]
-        )
-        return scores.mean(0) if self.combine == "mean" else scores.min(0).values
+    def __init__(self, params: Params, cfg: RLConfig, member_dirs: list[Path], policy_dir: Path):
+        device, policy_tokenizer = resolve_device(params.device), load_tokenizer(policy_dir)
+        self.members = []
+        for path in member_dirs:
+            tokenizer = load_tokenizer(path)
+            same_ids = vocabulary_mismatch(tokenizer, policy_tokenizer) is None
+            self.members.append((load_reward_model(path, device), tokenizer, same_ids))
+        self.combine, self.batch_size = cfg.reward_ensemble, params.eval.batch_size
+        self.prompt_format = PromptFormat.of(params.task)
+
+    def score(self, prompts: list[str], completions: list[Completion]) -> torch.Tensor:
+        """Each completion's score, as a finished response (a truncated one ends with end-of-sequence here)."""
+        texts = [c.text for c in completions]
+        scores = []
+        for model, tokenizer, same_ids in self.members:
+            if not same_ids:
+                scores.append(score_texts(model, tokenizer, self.prompt_format, prompts, texts, self.batch_size))
+                continue
+            finished = [c.token_ids + [tokenizer.eos_token_id] * c.truncated for c in completions]
+            prompt_ids = [c.prompt_ids for c in completions]
+            scores.append(score_sequences(model, prompt_ids, finished, tokenizer.pad_token_id, self.batch_size))
+        stacked = torch.stack(scores)
+        return stacked.mean(0) if self.combine == "mean" else stacked.min(0).values
 
     def weights(self) -> dict[str, torch.Tensor]:
         return {

@@ -26,10 +26,11 @@ class Sampling:
 @dataclass(frozen=True)
 class Completion:
     prompt_index: int
-    token_ids: list[int]  # the generated tokens, up to and including end-of-sequence
+    prompt_ids: list[int]  # the prompt as the engine read it (through the chat template, when there is one)
+    token_ids: list[int]  # the generated tokens, up to and including the stop token (end-of-sequence or of turn)
     text: str  # decoded without special tokens
     logprobs: list[float]  # the engine's log-prob of each generated token (temperature applied)
-    truncated: bool = False  # stopped at max_new_tokens without end-of-sequence
+    truncated: bool = False  # stopped at max_new_tokens without a stop token
     engine: int = 0  # the rollout engine replica that sampled it
 
 

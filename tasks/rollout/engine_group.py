@@ -13,6 +13,7 @@ from transformers import PreTrainedModel
 from models import load_policy, load_tokenizer, resolve_device
 from tasks.common.config import Params, RLConfig
 from tasks.common.training import make_deterministic, rng_state, set_rng_state
+from tasks.data.prompts import PromptFormat
 from tasks.rollout.engine import Completion, RolloutEngine, Sampling
 from tasks.rollout.hf_engine import HFEngine
 
@@ -32,10 +33,10 @@ def make_engine(
     if cfg.rollout_backend == "vllm":
         from tasks.rollout.vllm_engine import VLLMEngine  # vllm is optional: imported only when asked for
 
-        engine = VLLMEngine(model_dir, seed=seed, max_model_len=model.config.max_position_embeddings)
+        engine = VLLMEngine(model_dir, seed, model.config.max_position_embeddings, PromptFormat.of(params.task))
         engine.sync_weights(model)
         return engine
-    return HFEngine(model, tokenizer, params.eval.batch_size)
+    return HFEngine(model, tokenizer, params.eval.batch_size, PromptFormat.of(params.task))
 
 
 class EngineWorker:

@@ -1,9 +1,16 @@
 """The Hugging Face rollout engine: a sampling loop over a transformers model and its KV cache."""
 
+from pathlib import Path
+
 import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from models import context_length, load_policy, load_tokenizer, resolve_device
+from tasks.common.config import Params
+from tasks.data.datasets import check_prompt_lengths
+from tasks.data.problems import Example
+from tasks.data.prompts import PromptFormat, stop_token_ids
 from tasks.rollout.engine import Completion, Sampling
 
 
@@ -17,8 +24,11 @@ class HFEngine:
     default task (32 prompts x 8), 1.25x on eval's pass@k sampling; greedy decoding gains little.
     """
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int):
-        self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+    def __init__(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int, prompt_format: PromptFormat
+    ):
+        self.model, self.tokenizer, self.batch_size, self.prompt_format = model, tokenizer, batch_size, prompt_format
+        self.stop_ids = stop_token_ids(tokenizer, model.generation_config)
 
     def sync_weights(self, model: PreTrainedModel) -> None:
         if model is not self.model:  # the trainer's own model needs nothing
@@ -31,25 +41,27 @@ class HFEngine:
         completions = []
         starts = range(0, len(prompts), self.batch_size)
         for start in tqdm(starts, desc="generate", leave=False, disable=len(starts) < 2):
-            sampled = self._sample(prompts[start : start + self.batch_size], sampling)
+            prompt_ids = self.prompt_format.encode(self.tokenizer, prompts[start : start + self.batch_size])
+            sampled = self._sample(prompt_ids, sampling)
             for row, (token_ids, logprobs) in enumerate(sampled):
-                truncated = token_ids[-1:] != [self.tokenizer.eos_token_id]
+                truncated = token_ids[-1] not in self.stop_ids
                 text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-                completions.append(Completion(start + row // sampling.n, token_ids, text, logprobs, truncated))
+                index = row // sampling.n
+                completions.append(Completion(start + index, prompt_ids[index], token_ids, text, logprobs, truncated))
         self.model.train(was_training)
         return completions
 
-    def _sample(self, prompts: list[str], sampling: Sampling) -> list[tuple[list[int], list[float]]]:
-        """(token ids up to and including end-of-sequence, their log-probs) of ``n`` samples per prompt."""
-        model, eos_id, n = self.model, self.tokenizer.eos_token_id, sampling.n
+    def _sample(self, prompts: list[list[int]], sampling: Sampling) -> list[tuple[list[int], list[float]]]:
+        """(token ids up to and including the stop token, their log-probs) of ``n`` samples per prompt."""
+        model, n = self.model, sampling.n
+        stop_ids = torch.tensor(self.stop_ids, device=model.device)
         temperature = 1.0 if sampling.greedy else sampling.temperature
-        self.tokenizer.padding_side = "left"
-        batch = self.tokenizer(prompts, return_tensors="pt", padding=True).to(model.device)
-        attention_mask = batch["attention_mask"]
+        input_ids, attention_mask = left_padded(prompts, self.tokenizer.pad_token_id)
+        input_ids, attention_mask = input_ids.to(model.device), attention_mask.to(model.device)
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=model.config)
         logits = model(
-            input_ids=batch["input_ids"],
+            input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=positions,
             past_key_values=cache,
@@ -61,7 +73,7 @@ class HFEngine:
         next_position = positions[:, -1:].repeat_interleave(n, 0) + 1
 
         rows = len(prompts) * n
-        tokens = torch.full((rows, sampling.max_new_tokens), eos_id, dtype=torch.long, device=model.device)
+        tokens = torch.full((rows, sampling.max_new_tokens), self.stop_ids[0], dtype=torch.long, device=model.device)
         token_logprobs = torch.zeros((rows, sampling.max_new_tokens), device=model.device)
         lengths = torch.full((rows,), sampling.max_new_tokens, device=model.device)
         active = torch.arange(rows, device=model.device)  # the rows still sampling, in cache order
@@ -70,7 +82,7 @@ class HFEngine:
             token = logprobs.argmax(-1) if sampling.greedy else sample_tokens(logprobs.exp())
             tokens[active, step] = token
             token_logprobs[active, step] = logprobs.gather(-1, token[:, None]).squeeze(-1)
-            ended = token == eos_id
+            ended = torch.isin(token, stop_ids)
             if ended.any():
                 lengths[active[ended]] = step + 1
                 running = (~ended).nonzero().squeeze(-1)
@@ -107,3 +119,33 @@ def sample_tokens(probs: torch.Tensor) -> torch.Tensor:
     # below the total even when the product rounds up, so the draw lands on a token of non-zero probability
     draw = torch.minimum(torch.rand(len(probs), 1, device=probs.device) * total, torch.nextafter(total, total * 0))
     return torch.searchsorted(cumulative, draw, right=True).squeeze(-1)
+
+
+def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input ids, attention mask) of token-id prompts padded on the left to the longest."""
+    width = max(len(ids) for ids in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for row, ids in enumerate(prompts):
+        input_ids[row, width - len(ids) :] = torch.tensor(ids)
+        attention_mask[row, width - len(ids) :] = 1
+    return input_ids, attention_mask
+
+
+def policy_engine(
+    params: Params,
+    model_dir: Path,
+    prompts: dict[Path, list[Example]],
+    new_tokens: tuple[str, int],
+    batch_size: int | None = None,
+) -> HFEngine:
+    """An engine sampling from the model in ``model_dir`` on params' device in its prompt format (``batch_size``
+    prompts at a time, eval.batch_size by default), once the ``prompts`` of each source file are checked to fit the
+    model with the stage's ``new_tokens`` (key, value) to spare."""
+    tokenizer, prompt_format = load_tokenizer(model_dir), PromptFormat.of(params.task)
+    for source, examples in prompts.items():
+        positions = context_length(model_dir)
+        limit = params.sft.max_prompt_length
+        check_prompt_lengths(examples, tokenizer, prompt_format, source, limit, positions, new_tokens)
+    model = load_policy(model_dir, resolve_device(params.device))
+    return HFEngine(model, tokenizer, batch_size or params.eval.batch_size, prompt_format)

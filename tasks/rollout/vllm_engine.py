@@ -29,6 +29,7 @@ from pathlib import Path
 from transformers import PreTrainedModel
 
 from models import load_tokenizer
+from tasks.data.prompts import PromptFormat, stop_token_ids
 from tasks.rollout.engine import Completion, Sampling
 
 
@@ -39,13 +40,13 @@ class VLLMEngine:
     order, so a run is reproducible whatever else uses torch's RNG or shares the batch.
     """
 
-    def __init__(self, model_dir: str | Path, seed: int, max_model_len: int):
+    def __init__(self, model_dir: str | Path, seed: int, max_model_len: int, prompt_format: PromptFormat):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # sync_weights needs the worker in this process
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the CPU default asks for more than is free
         from vllm import LLM
 
         # Prompts are tokenized here and passed as ids, so vLLM sees exactly the trainer's tokens (BOS included).
-        self.tokenizer = load_tokenizer(model_dir)
+        self.tokenizer, self.prompt_format = load_tokenizer(model_dir), prompt_format
         self.llm = LLM(
             str(model_dir),
             dtype="float32",
@@ -54,6 +55,7 @@ class VLLMEngine:
             logprobs_mode="processed_logprobs",
         )
         self._seeds = random.Random(seed)
+        self.stop_ids = stop_token_ids(self.tokenizer, self.llm.llm_engine.model_config.hf_config)
 
     def generate(self, prompts: list[str], sampling: Sampling) -> list[Completion]:
         from vllm import SamplingParams
@@ -64,12 +66,14 @@ class VLLMEngine:
                 temperature=0.0 if sampling.greedy else sampling.temperature,
                 max_tokens=sampling.max_new_tokens,
                 logprobs=0,  # the sampled token's own log-prob only
+                stop_token_ids=self.stop_ids,
                 seed=self._seeds.randrange(2**31),
                 detokenize=False,  # decoded below with the HF tokenizer, as HFEngine does
             )
             for _ in prompts
         ]
-        outputs = self.llm.generate(_requests(self._prompt_ids(prompts)), params, use_tqdm=False)
+        prompt_ids = self._prompt_ids(prompts)
+        outputs = self.llm.generate(_requests(prompt_ids), params, use_tqdm=False)
         completions = []
         for prompt_index, output in enumerate(outputs):
             for sample in sorted(output.outputs, key=lambda sample: sample.index):
@@ -77,7 +81,9 @@ class VLLMEngine:
                 logprobs = [step[token].logprob for step, token in zip(sample.logprobs, token_ids, strict=True)]
                 text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
                 truncated = sample.finish_reason == "length"
-                completions.append(Completion(prompt_index, token_ids, text, logprobs, truncated))
+                completions.append(
+                    Completion(prompt_index, prompt_ids[prompt_index], token_ids, text, logprobs, truncated)
+                )
         return completions
 
     def completion_logprobs(self, prompts: list[str], completions: list[list[int]]) -> list[list[float]]:
@@ -101,7 +107,7 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
 
     def _prompt_ids(self, prompts: list[str]) -> list[list[int]]:
-        return self.tokenizer(prompts)["input_ids"]
+        return self.prompt_format.encode(self.tokenizer, prompts)
 
 
 def _requests(sequences: list[list[int]]) -> list[dict]:

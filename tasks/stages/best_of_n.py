@@ -10,34 +10,29 @@ import json
 
 import torch
 
-from models import context_length, load_policy, load_tokenizer, resolve_device
 from tasks.common.artifacts import atomic_output, member_dirs, stage_dir
 from tasks.common.registry import StageRun
 from tasks.common.tracking import stage_live
 from tasks.common.training import make_deterministic
-from tasks.data.datasets import check_prompt_lengths, read_examples
+from tasks.data.datasets import read_examples
 from tasks.data.judge import gold_utility
 from tasks.rl.workers import RewardWorker
 from tasks.rollout.engine import Sampling
-from tasks.rollout.hf_engine import HFEngine
+from tasks.rollout.hf_engine import policy_engine
 
 
 def run(stage: StageRun) -> None:
     params, cfg, evaluation = stage.params, stage.config, stage.params.eval
     make_deterministic(params.seed)
     policy, test_file = stage.inputs["policy"], stage.inputs["data"] / "test.jsonl"
-    tokenizer, examples = load_tokenizer(policy), read_examples(test_file)
+    examples = read_examples(test_file)
     new_tokens = ("eval.max_new_tokens", evaluation.max_new_tokens)
-    check_prompt_lengths(
-        examples, tokenizer, test_file, params.sft.max_prompt_length, context_length(policy), new_tokens
-    )
-    engine = HFEngine(load_policy(policy, resolve_device(params.device)), tokenizer, evaluation.batch_size)
+    engine = policy_engine(params, policy, {test_file: examples}, new_tokens, evaluation.batch_size)
     sampling = Sampling(evaluation.max_new_tokens, n=cfg.n, temperature=evaluation.temperature)
     sampled = engine.generate([e.prompt for e in examples], sampling)  # n rows per prompt, prompt by prompt
-    reward_model = RewardWorker(
-        params, params.ppo, member_dirs(stage.inputs["reward_model"])
-    )  # the ensemble combined as PPO combines it
-    scores = reward_model.score([examples[c.prompt_index].prompt for c in sampled], [c.text for c in sampled])
+    # the ensemble combined as PPO combines it
+    reward_model = RewardWorker(params, params.ppo, member_dirs(stage.inputs["reward_model"]), policy)
+    scores = reward_model.score([examples[c.prompt_index].prompt for c in sampled], sampled)
     gold = torch.tensor([gold_utility(examples[c.prompt_index], c.text) for c in sampled]).view(-1, cfg.n)
     favourite = scores.view(-1, cfg.n).argmax(1)  # (prompts,)
     kept = gold.gather(1, favourite[:, None]).squeeze(1)

@@ -8,6 +8,7 @@ The RL trainer's loop (``tasks/rl/trainer.py``) with the student as the actor, t
 from models import load_tokenizer, vocabulary_mismatch
 from tasks.common.config import ConfigError
 from tasks.common.registry import StageRun
+from tasks.data.prompts import PromptFormat
 from tasks.rl import trainer as rl
 from tasks.rl.distillation import distillation_learner
 
@@ -20,6 +21,7 @@ def run(stage: StageRun) -> None:
             f"distill.teacher: the tokenizer of {cfg.teacher} is not the student's (distill.init={cfg.init}): "
             f"{mismatch}"
         )
-    learner = distillation_learner(cfg, inputs["teacher_data"] / "train.jsonl", tokenizer, stage.params.seed)
+    teacher_data, prompt_format = inputs["teacher_data"] / "train.jsonl", PromptFormat.of(stage.params.task)
+    learner = distillation_learner(cfg, teacher_data, tokenizer, prompt_format, stage.params.seed)
     train_file = inputs["data"] / "train.jsonl"
     rl.train(stage.params, cfg, stage.name, inputs["policy"], train_file, [], learner, inputs["teacher"])

@@ -31,6 +31,7 @@ from tasks.common.registry import StageRun
 from tasks.common.training import Checkpointer, epoch_batch, fit, make_deterministic, rank_live, save_trained
 from tasks.data.datasets import DatasetError, PreferencePair, read_preferences
 from tasks.data.judge import preference_metrics
+from tasks.data.prompts import PromptFormat
 from tasks.rl.preference import TokenizedPair, pack_pairs, pair_logprobs, reference_logprobs, tokenize_pairs
 from tasks.rl.preference_losses import PREFERENCE_LOSSES, preference_loss
 
@@ -58,7 +59,7 @@ def run_reference(stage: StageRun) -> None:
     tensors, digests = {}, {}
     for split in SPLITS:
         source, pairs = _pairs(stage.inputs["preferences"], split)
-        tokenized = tokenize_pairs(pairs, tokenizer, source, positions)
+        tokenized = tokenize_pairs(pairs, tokenizer, PromptFormat.of(params.task), source, positions)
         chosen, rejected = reference_logprobs(model, tokenized, tokenizer.pad_token_id, params.eval.batch_size)
         tensors |= {f"{split}.chosen": chosen.contiguous(), f"{split}.rejected": rejected.contiguous()}
         digests[split] = _digest(source)
@@ -130,7 +131,7 @@ def run(stage: StageRun) -> None:
     scorers = {}
     for split in SPLITS:
         source, pairs = _pairs(preferences, split)
-        tokenized = tokenize_pairs(pairs, tokenizer, source, positions)
+        tokenized = tokenize_pairs(pairs, tokenizer, PromptFormat.of(params.task), source, positions)
         reference = _reference(split, source, cfg.init, inputs["reference"] / REFERENCE_FILE.name)
         scorers[split] = (pairs, PairScorer(cfg, tokenized, reference, tokenizer.pad_token_id))
     train_pairs, _ = scorers["train"]

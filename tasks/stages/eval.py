@@ -9,18 +9,18 @@ from pathlib import Path
 
 import torch
 
-from models import context_length, load_policy, load_tokenizer, num_parameters, resolve_device
+from models import num_parameters
 from tasks.common.artifacts import DATA_DIR, atomic_output, stage_dir
 from tasks.common.config import EvalConfig, Params
 from tasks.common.registry import StageRun
 from tasks.common.tracking import stage_live
 from tasks.common.training import make_deterministic
-from tasks.data.datasets import check_prompt_lengths, read_examples
+from tasks.data.datasets import read_examples
 from tasks.data.judge import gold_utility
 from tasks.data.problems import Example, score_response
 from tasks.rl.core_algos import pass_at_k
 from tasks.rollout.engine import Completion, RolloutEngine, Sampling
-from tasks.rollout.hf_engine import HFEngine
+from tasks.rollout.hf_engine import policy_engine
 
 
 def greedy_responses(
@@ -58,13 +58,10 @@ def evaluate_model(model: Path, params: Params, data: Path = DATA_DIR) -> tuple[
     """``evaluate`` of the model directory ``model`` on the held-out split, seeded as the eval stage runs it: the
     retraining gate scores the champion through here, so it and the candidate's eval@ are the same measurement."""
     make_deterministic(params.seed)
-    tokenizer, test_file = load_tokenizer(model), data / "test.jsonl"
+    test_file = data / "test.jsonl"
     examples = read_examples(test_file)
     new_tokens = ("eval.max_new_tokens", params.eval.max_new_tokens)
-    check_prompt_lengths(
-        examples, tokenizer, test_file, params.sft.max_prompt_length, context_length(model), new_tokens
-    )
-    engine = HFEngine(load_policy(model, resolve_device(params.device)), tokenizer, params.eval.batch_size)
+    engine = policy_engine(params, model, {test_file: examples}, new_tokens)
     return evaluate(engine, examples, params.eval)
 
 

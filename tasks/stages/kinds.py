@@ -19,6 +19,7 @@ from pydantic import ConfigDict, Field, TypeAdapter
 from pydantic.dataclasses import dataclass
 
 DECLARATIONS = Path(__file__).with_name("kinds.yaml")
+PROMPT_PARAMS = ("task.chat_template", "task.system_prompt")  # how a prompt is put to a model
 
 
 @dataclass(frozen=True, config=ConfigDict(extra="forbid"))
@@ -41,6 +42,11 @@ class StageKind:
         ("seed", "device", "{section}"),
         description="The params keys it reads, as dvc.yaml lists them; '{section}' is its own section. What it "
         "reads of other sections is named key by key, so that a change there re-runs only the stages it touches.",
+    )
+    prompts: bool = Field(
+        True,
+        description="Puts the task's prompts to a model, so it also reads the prompt format's params "
+        "(PROMPT_PARAMS: tasks/data/prompts.py).",
     )
     user_data: bool = Field(False, description="Reads your JSONL under data/ (a dvc.yaml dependency).")
     metrics: bool = Field(True, description="Logs metrics/<stage>/metrics.json (dvclive).")

@@ -11,17 +11,16 @@ a reward model can be scored against the noise-free order. Files of your own
 import itertools
 import random
 
-from models import context_length, load_policy, load_tokenizer, resolve_device
 from tasks.common.artifacts import PREFERENCES_DIR, atomic_output
 from tasks.common.config import PreferencesConfig
 from tasks.common.registry import StageRun
 from tasks.common.tracking import stage_live
 from tasks.common.training import make_deterministic
-from tasks.data.datasets import PreferencePair, check_prompt_lengths, read_examples, read_preferences, write_jsonl
+from tasks.data.datasets import PreferencePair, read_examples, read_preferences, write_jsonl
 from tasks.data.judge import gold_utility, prefers_first
 from tasks.data.problems import Example
 from tasks.rollout.engine import RolloutEngine, Sampling
-from tasks.rollout.hf_engine import HFEngine
+from tasks.rollout.hf_engine import policy_engine
 
 
 def judged_pairs(
@@ -68,14 +67,9 @@ def run(stage: StageRun) -> None:
     splits = dict(supplied)
     if to_sample:
         policy = stage.inputs["policy"]
-        tokenizer = load_tokenizer(policy)
-        for split in to_sample:
-            new_tokens = ("preferences.max_new_tokens", cfg.max_new_tokens)
-            source = data / f"{split}.jsonl"
-            check_prompt_lengths(
-                prompts[split], tokenizer, source, params.sft.max_prompt_length, context_length(policy), new_tokens
-            )
-        engine = HFEngine(load_policy(policy, resolve_device(params.device)), tokenizer, params.eval.batch_size)
+        new_tokens = ("preferences.max_new_tokens", cfg.max_new_tokens)
+        checked = {data / f"{split}.jsonl": prompts[split] for split in to_sample}
+        engine = policy_engine(params, policy, checked, new_tokens)
         for split in to_sample:
             splits[split] = judged_pairs(engine, prompts[split], cfg, rng)
 

@@ -20,6 +20,7 @@ from tasks.common.tracking import stage_live
 from tasks.common.training import make_deterministic
 from tasks.data.datasets import read_examples, write_jsonl
 from tasks.data.problems import Example
+from tasks.data.prompts import PromptFormat
 from tasks.data.rejection_sampling import Ranker, has_verifier, sample_and_verify
 from tasks.rl.sequences import score_texts
 
@@ -33,7 +34,8 @@ def _reward_model_ranker(params: Params, reward_model: Path) -> Ranker:
 
     def rank(example: Example, responses: list[str]) -> list[float]:
         prompts = [example.prompt] * len(responses)
-        return score_texts(model, tokenizer, prompts, responses, params.eval.batch_size).tolist()
+        prompt_format = PromptFormat.of(params.task)
+        return score_texts(model, tokenizer, prompt_format, prompts, responses, params.eval.batch_size).tolist()
 
     return rank
 

@@ -27,17 +27,18 @@ from tasks.common.tracking import log_step, stage_live
 from tasks.common.training import Checkpointer, epoch_batch, fit, make_deterministic, save_trained
 from tasks.data.datasets import PreferencePair, read_preferences
 from tasks.data.judge import preference_metrics
+from tasks.data.prompts import PromptFormat
 from tasks.rl.core_algos import bradley_terry_loss
 from tasks.rl.sequences import pack_text
 
 
 def _pair_scores(
-    model: torch.nn.Module, tokenizer, pairs: list[PreferencePair], device: torch.device
+    model: torch.nn.Module, tokenizer, prompt_format: PromptFormat, pairs: list[PreferencePair], device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scores of chosen and rejected responses, computed in one forward pass."""
     prompts = [p.prompt for p in pairs] * 2
     responses = [p.chosen for p in pairs] + [p.rejected for p in pairs]
-    batch = pack_text(tokenizer, prompts, responses).to(device)
+    batch = pack_text(tokenizer, prompt_format, prompts, responses).to(device)
     scores = model(**batch.model_inputs()).logits.squeeze(-1).float()
     return scores[: len(pairs)], scores[len(pairs) :]
 
@@ -85,7 +86,7 @@ def _train_member_rank(
     """One worker's share of ``train_member``: every rank builds the same model and batches and trains on its
     pairs (an equal share of each batch: the mean of the ranks' Bradley-Terry losses is the batch's)."""
     make_deterministic(seed)
-    tokenizer = load_tokenizer(backbone)
+    tokenizer, prompt_format = load_tokenizer(backbone), PromptFormat.of(params.task)
     device = resolve_device(params.device)
     model = load_reward_model(backbone, device, trainable=True)
     model.config.pad_token_id = tokenizer.pad_token_id  # the score is read at the last non-pad token
@@ -94,7 +95,7 @@ def _train_member_rank(
 
     def step_metrics(step: int) -> dict[str, torch.Tensor]:
         batch = [pairs[i] for i in epoch_batch(len(pairs), cfg.batch_size, step, seed)][rank.slice(cfg.batch_size)]
-        chosen, rejected = _pair_scores(replica, tokenizer, batch, device)
+        chosen, rejected = _pair_scores(replica, tokenizer, prompt_format, batch, device)
         return {"loss": bradley_terry_loss(chosen, rejected), "accuracy": (chosen > rejected).float().mean()}
 
     schedule = _member_schedule(cfg, len(pairs))
@@ -127,7 +128,10 @@ def run(stage: StageRun) -> None:
                 log_step(live, step, metrics, prefix=f"{member_dir.name}/train/")
             model = load_reward_model(member_dir, device)
             with torch.no_grad():
-                held_out.append(_pair_scores(model, load_tokenizer(member_dir), test_pairs, device))
+                scores = _pair_scores(
+                    model, load_tokenizer(member_dir), PromptFormat.of(params.task), test_pairs, device
+                )
+                held_out.append(scores)
         chosen = torch.stack([c for c, _ in held_out]).mean(0)
         rejected = torch.stack([r for _, r in held_out]).mean(0)
         metrics = preference_metrics(chosen, rejected, test_pairs)

@@ -21,6 +21,7 @@ from tasks.common.registry import StageRun
 from tasks.common.training import Checkpointer, epoch_batch, fit, make_deterministic, rank_live, save_trained
 from tasks.data.datasets import DatasetError, read_examples
 from tasks.data.problems import Example
+from tasks.data.prompts import PromptFormat
 from tasks.rl.core_algos import sft_loss
 from tasks.rl.sequences import finished_response_ids
 
@@ -28,10 +29,18 @@ from tasks.rl.sequences import finished_response_ids
 class SFTBatches:
     """Tokenised (prompt, response) pairs served as padded batches in a seeded per-epoch order."""
 
-    def __init__(self, examples: list[Example], tokenizer, cfg: SFTTrainingConfig, source: Path, seed: int):
+    def __init__(
+        self,
+        examples: list[Example],
+        tokenizer,
+        prompt_format: PromptFormat,
+        cfg: SFTTrainingConfig,
+        source: Path,
+        seed: int,
+    ):
         self.sequences: list[tuple[list[int], int]] = []  # (token ids, prompt length)
-        for row, example in enumerate(examples, start=1):
-            prompt = tokenizer(example.prompt)["input_ids"]
+        prompts = prompt_format.encode(tokenizer, [example.prompt for example in examples])
+        for row, (example, prompt) in enumerate(zip(examples, prompts, strict=True), start=1):
             response = finished_response_ids(tokenizer, example.solution)
             too_long = [
                 f"{what} is {length} tokens, over sft.{limit}={getattr(cfg, limit)}"
@@ -96,7 +105,8 @@ def _train_rank(
     make_deterministic(params.seed)
     device = resolve_device(params.device)
     tokenizer = load_tokenizer(init_dir)
-    batches = SFTBatches(read_examples(train_file)[: cfg.num_examples], tokenizer, cfg, train_file, params.seed)
+    examples, prompt_format = read_examples(train_file)[: cfg.num_examples], PromptFormat.of(params.task)
+    batches = SFTBatches(examples, tokenizer, prompt_format, cfg, train_file, params.seed)
     model = load_policy(init_dir, device)
     model.train()
     replica = data_parallel(model, cfg.parallel.strategy, rank)

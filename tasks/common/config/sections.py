@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from tasks.common.config.fields import MadeOf, OneOf, Weight, param, schema_section, section
+from tasks.data.prompts import CHAT_TEMPLATE_MODES
 
 PROBLEM_NAMES = ("arithmetic", "countdown")
 DEVICES = ("auto", "cpu", "cuda")
@@ -34,6 +35,14 @@ class TaskConfig:
     name: Annotated[str, OneOf(PROBLEM_NAMES)] = param("countdown", "Problem family to train and evaluate on.")
     arithmetic: ArithmeticConfig = section(ArithmeticConfig, "Settings of the arithmetic family.")
     countdown: CountdownConfig = section(CountdownConfig, "Settings of the countdown family.")
+    chat_template: Annotated[str, OneOf(CHAT_TEMPLATE_MODES)] = param(
+        "auto",
+        "Ask through the tokenizer's chat template (an instruct model answers best as it was trained to be asked): "
+        "auto when the tokenizer has one, on to require one, off to send the bare prompt.",
+    )
+    system_prompt: str | None = param(
+        None, "The system message before each prompt, with a chat template; null keeps the template's own default."
+    )
 
 
 @schema_section

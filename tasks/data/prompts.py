@@ -1,0 +1,65 @@
+"""How a task's prompt becomes the token ids a model reads, and which tokens end its response.
+
+A model with a chat template (an instruct model) is asked as it was trained to be asked: the prompt is the user's
+message, after the task's system prompt if it sets one, rendered by the tokenizer's template with the assistant's
+turn opened (``task.chat_template``: auto uses a template when the tokenizer has one, on requires one, off sends
+the bare text). Every place that turns a prompt into ids (the engines, the trainers, the reward models, length
+checks) goes through ``PromptFormat.encode``, so all of them see the same ids.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+CHAT_TEMPLATE_MODES = ("auto", "on", "off")
+
+
+class PromptFormatError(ValueError):
+    """A prompt format the tokenizer cannot give (a chat template required and absent)."""
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    chat_template: str  # one of CHAT_TEMPLATE_MODES
+    system_prompt: str | None  # None: the template's own default, if it has one
+
+    @classmethod
+    def of(cls, task: Any) -> "PromptFormat":
+        """The format ``task`` (params.task) asks for."""
+        return cls(task.chat_template, task.system_prompt)
+
+    def uses_template(self, tokenizer: Any) -> bool:
+        """Whether prompts go through ``tokenizer``'s chat template; PromptFormatError when one is required, absent."""
+        has_template = bool(getattr(tokenizer, "chat_template", None))
+        if self.chat_template == "on" and not has_template:
+            raise PromptFormatError(
+                "task.chat_template is 'on' but the model's tokenizer has no chat template (set it to auto or off, "
+                "or start from a model that has one)"
+            )
+        return has_template and self.chat_template != "off"
+
+    def messages(self, prompt: str) -> list[dict[str, str]]:
+        system = [] if self.system_prompt is None else [{"role": "system", "content": self.system_prompt}]
+        return [*system, {"role": "user", "content": prompt}]
+
+    def encode(self, tokenizer: Any, prompts: Sequence[str]) -> list[list[int]]:
+        """The token ids of each prompt, as the model reads it before its response's first token."""
+        if not self.uses_template(tokenizer):
+            return tokenizer(list(prompts))["input_ids"]
+        rendered = [
+            tokenizer.apply_chat_template(self.messages(prompt), add_generation_prompt=True, tokenize=False)
+            for prompt in prompts
+        ]
+        # The template writes whatever beginning-of-sequence token the model expects; adding one would double it.
+        return tokenizer(rendered, add_special_tokens=False)["input_ids"]
+
+
+BARE = PromptFormat("off", None)  # the prompt's text as it is: a model without a chat template reads it so
+
+
+def stop_token_ids(tokenizer: Any, generation_config: Any) -> list[int]:
+    """The tokens that end a response: the tokenizer's end-of-sequence and every end-of-turn token the model's
+    generation config names (an instruct model's template ends a turn with one; Qwen's differs from its EOS)."""
+    configured = getattr(generation_config, "eos_token_id", None)
+    configured = [] if configured is None else [configured] if isinstance(configured, int) else list(configured)
+    return sorted({tokenizer.eos_token_id, *configured})
