@@ -70,12 +70,12 @@ def num_parameters(path: str | Path) -> int:
         return sum(p.numel() for p in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path)).parameters())
 
 
-def load_policy(path: str | Path, device: torch.device) -> PreTrainedModel:
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+def load_policy(path: str | Path, device: torch.device, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
 
 
-def load_reference(path: str | Path, device: torch.device) -> PreTrainedModel:
-    return _frozen(load_policy(path, device))
+def load_reference(path: str | Path, device: torch.device, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    return _frozen(load_policy(path, device, dtype))
 
 
 def load_critic(path: str | Path, device: torch.device) -> PreTrainedModel:
@@ -86,8 +86,10 @@ def load_critic(path: str | Path, device: torch.device) -> PreTrainedModel:
     return AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32).to(device)
 
 
-def load_reward_model(path: str | Path, device: torch.device, trainable: bool = False) -> PreTrainedModel:
-    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32).to(device)
+def load_reward_model(
+    path: str | Path, device: torch.device, trainable: bool = False, dtype: torch.dtype = torch.float32
+) -> PreTrainedModel:
+    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=dtype).to(device)
     return model if trainable else _frozen(model)
 
 

@@ -68,6 +68,20 @@ def source_error(spec: str) -> str | None:
     return None
 
 
+def gguf_architecture(path: Path) -> str | None:
+    """The ``general.architecture`` a GGUF file declares in its first metadata entry, where writers put it (None
+    when it is not there), read without the gguf package, which would parse the whole vocabulary."""
+    with open(path, "rb") as handle:
+        handle.seek(24)  # past the header: magic, version, tensor count, metadata count
+        (length,) = struct.unpack("<Q", handle.read(8))
+        key = handle.read(min(length, 256)).decode("utf-8", "replace")
+        (kind,) = struct.unpack("<I", handle.read(4))
+        if key != "general.architecture" or kind != 8:  # 8: a string
+            return None
+        (length,) = struct.unpack("<Q", handle.read(8))
+        return handle.read(min(length, 256)).decode("utf-8", "replace")
+
+
 def has_chat_template(spec: str | None) -> bool:
     """Whether the model ``spec`` names (None: the built-in tiny model, which has none) ships a chat template."""
     if spec is None:

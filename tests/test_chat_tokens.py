@@ -61,13 +61,13 @@ def test_a_prompt_is_asked_through_the_chat_template_with_the_tasks_system_promp
         "<|im_start|>user\n12+34=<|im_end|>\n<|im_start|>assistant\n"
     )
     assert default.count(tokenizer.bos_token_id) == 3  # the template's own <|im_start|>s (one a turn), none added
-    (own,) = PromptFormat("on", "Add.").encode(tokenizer, ["12+34="])
+    (own,) = PromptFormat("always", "Add.").encode(tokenizer, ["12+34="])
     assert tokenizer.decode(own) == "<|im_start|>system\nAdd.<|im_end|>\n<|im_start|>user\n12+34=<|im_end|>\n" + (
         "<|im_start|>assistant\n"
     )
-    assert PromptFormat("off", None).encode(tokenizer, ["12+34="]) == [tokenizer("12+34=")["input_ids"]]
-    with pytest.raises(PromptFormatError, match="task.chat_template is 'on'"):
-        PromptFormat("on", None).encode(build_char_tokenizer(), ["12+34="])
+    assert PromptFormat("never", None).encode(tokenizer, ["12+34="]) == [tokenizer("12+34=")["input_ids"]]
+    with pytest.raises(PromptFormatError, match="task.chat_template is 'always'"):
+        PromptFormat("always", None).encode(build_char_tokenizer(), ["12+34="])
 
 
 def test_generation_stops_at_an_end_of_turn_token_the_model_names(bpe_model):

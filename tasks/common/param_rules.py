@@ -32,6 +32,7 @@ from tasks.common.config import (
 )
 from tasks.common.config.fields import schema_fields
 from tasks.common.registry import model_kinds, param_reference, param_value
+from tasks.common.training_rules import training_errors
 from tasks.data.datasets import is_shard_of, shard_files
 from tasks.stages.kinds import stage_kinds
 
@@ -225,6 +226,7 @@ def cross_field_errors(params: Params) -> Iterator[str]:
                 "workers"
             )
     yield from _model_key_errors(params)
+    yield from training_errors(params)
     if "+" not in params.task.countdown.ops:  # the one operation that applies at every step of a solution
         yield f"task.countdown.ops: must include '+', got {params.task.countdown.ops!r}"
     for name in RL_SECTIONS:
@@ -243,9 +245,9 @@ def cross_field_errors(params: Params) -> Iterator[str]:
         yield from _size_errors("base", base, longest)
     elif source_problem is not None:
         yield f"base.model_path: {source_problem}"
-    if params.task.chat_template == "on" and source_problem is None and not has_chat_template(base.model_path):
+    if params.task.chat_template == "always" and source_problem is None and not has_chat_template(base.model_path):
         model = base.model_path or "the built-in tiny model"
-        yield f"task.chat_template: 'on' requires a chat template, and the base model ({model}) has none; auto or off"
+        yield f"task.chat_template: 'always' needs a chat template, and the base model ({model}) has none (auto, never)"
     backbone = params.reward_backbone
     yield from _size_errors("reward_backbone", backbone, max(longest, backbone.max_length))
     yield from _distill_errors(params, max(longest, params.sft.max_prompt_length + params.distill.max_new_tokens))

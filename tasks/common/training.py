@@ -24,6 +24,7 @@ from transformers import (
     get_cosine_schedule_with_warmup,
 )
 
+from models.trainable import autocast, save_model
 from tasks.common.artifacts import CHECKPOINTS, after_landing, atomic_output
 from tasks.common.config import OptimizationConfig
 from tasks.common.distributed import SINGLE, Rank, full_state_dict, load_training_state, training_state
@@ -309,7 +310,8 @@ def fit(
     with stop_on_divergence(checkpointer) if rank.is_main else contextlib.nullcontext():
         for step in progress:
             started = time.perf_counter()
-            metrics = step_metrics(step)
+            with autocast(model, cfg.precision):
+                metrics = step_metrics(step)
             # Over the ranks: what is logged, and whether to stop (all together, or the others would wait forever
             # in the next all-reduce).
             reported = {name: rank.mean(value) for name, value in metrics.items()}
@@ -359,9 +361,9 @@ def rank_live(stage: str, rank: Rank, into: Path) -> contextlib.AbstractContextM
 
 
 def save_trained(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out: Path, rank: Rank) -> None:
-    """Write ``model`` and ``tokenizer`` to ``out`` from rank 0. Every rank calls it: a sharded model's weights are
-    gathered first, a collective."""
+    """Write ``model`` (merged, with its adapter beside it, when it has adapters) and ``tokenizer`` to ``out`` from
+    rank 0. Every rank calls it: a sharded model's weights are gathered first, a collective."""
     weights = full_state_dict(model, rank)
     if rank.is_main:
-        model.save_pretrained(out, state_dict=weights)
+        save_model(model, out, weights)
         tokenizer.save_pretrained(out)

@@ -2,8 +2,8 @@
 
 A model with a chat template (an instruct model) is asked as it was trained to be asked: the prompt is the user's
 message, after the task's system prompt if it sets one, rendered by the tokenizer's template with the assistant's
-turn opened (``task.chat_template``: auto uses a template when the tokenizer has one, on requires one, off sends
-the bare text). Every place that turns a prompt into ids (the engines, the trainers, the reward models, length
+turn opened (``task.chat_template``: auto uses a template when the tokenizer has one, always requires one, never
+sends the bare text). Every place that turns a prompt into ids (the engines, the trainers, the reward models, length
 checks) goes through ``PromptFormat.encode``, so all of them see the same ids.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-CHAT_TEMPLATE_MODES = ("auto", "on", "off")
+CHAT_TEMPLATE_MODES = ("auto", "always", "never")  # not on/off: YAML reads those as booleans
 
 
 class PromptFormatError(ValueError):
@@ -31,12 +31,12 @@ class PromptFormat:
     def uses_template(self, tokenizer: Any) -> bool:
         """Whether prompts go through ``tokenizer``'s chat template; PromptFormatError when one is required, absent."""
         has_template = bool(getattr(tokenizer, "chat_template", None))
-        if self.chat_template == "on" and not has_template:
+        if self.chat_template == "always" and not has_template:
             raise PromptFormatError(
-                "task.chat_template is 'on' but the model's tokenizer has no chat template (set it to auto or off, "
-                "or start from a model that has one)"
+                "task.chat_template is 'always' but the model's tokenizer has no chat template (set it to auto or "
+                "never, or start from a model that has one)"
             )
-        return has_template and self.chat_template != "off"
+        return has_template and self.chat_template != "never"
 
     def messages(self, prompt: str) -> list[dict[str, str]]:
         system = [] if self.system_prompt is None else [{"role": "system", "content": self.system_prompt}]
@@ -54,7 +54,7 @@ class PromptFormat:
         return tokenizer(rendered, add_special_tokens=False)["input_ids"]
 
 
-BARE = PromptFormat("off", None)  # the prompt's text as it is: a model without a chat template reads it so
+BARE = PromptFormat("never", None)  # the prompt's text as it is: a model without a chat template reads it so
 
 
 def stop_token_ids(tokenizer: Any, generation_config: Any) -> list[int]:

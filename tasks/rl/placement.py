@@ -80,6 +80,20 @@ class ActorEngine:
         """Nothing of its own to stop: the actor is released as itself."""
 
 
+class AdapterReference:
+    """The reference of a policy that trains through LoRA adapters: the actor's own model with its adapters
+    disabled (``ActorWorker.reference_logprobs``), not a second copy in memory."""
+
+    def __init__(self, actor: Worker | RoleGroup):
+        self.actor = actor
+
+    def call(self, method: str, *args: Any) -> Pending:
+        return self.actor.call(f"reference_{method}", *args)
+
+    def close(self) -> None:
+        """Nothing of its own to stop: the actor is released as itself."""
+
+
 def place(
     params: Params,
     cfg: RLConfig,
@@ -112,9 +126,12 @@ def place(
 
     started: Roles = {}
     try:
+        adapter_reference = bool(cfg.lora.rank)
         for name, (role, args) in roles.items():
-            if name == "actor" or name in wanted:
+            if name == "actor" or (name in wanted and not (name == "reference" and adapter_reference)):
                 started[name] = start(name, role, args)
+        if adapter_reference and "reference" in wanted:
+            started["reference"] = AdapterReference(started["actor"])
         if engine_in_actor(cfg):
             started["rollout"] = ActorEngine(started["actor"])
         else:

@@ -27,12 +27,20 @@ from transformers import PreTrainedModel
 
 from models import (
     load_critic,
-    load_policy,
     load_reference,
     load_reward_model,
     load_tokenizer,
     resolve_device,
     vocabulary_mismatch,
+)
+from models.trainable import (
+    adapters_disabled,
+    autocast,
+    compute_dtype,
+    is_adapted,
+    merged_state_dict,
+    save_model,
+    trainable_policy,
 )
 from tasks.common.config import Params, RLConfig
 from tasks.common.distributed import SINGLE, Rank, full_state_dict, shard_in_place, training_state
@@ -210,7 +218,7 @@ class ActorWorker(_TrainedRole):
     def __init__(self, params: Params, cfg: RLConfig, model_dir: Path, rank: Rank = SINGLE):
         self.cfg = cfg
         make_deterministic(params.seed)
-        self._build(load_policy(model_dir, resolve_device(params.device)), cfg.actor_lr, cfg, rank)
+        self._build(trainable_policy(model_dir, resolve_device(params.device), cfg), cfg.actor_lr, cfg, rank)
         self.updates, self.synced_at = 0, 0  # optimizer steps taken, and at which the engine was last synced
         self.sync_due = False  # engines apart from the actor are behind it by sync_every steps or more
         self.tokenizer, self.batch_size = load_tokenizer(model_dir), params.eval.batch_size
@@ -245,16 +253,28 @@ class ActorWorker(_TrainedRole):
             self.engine.sync_weights(self.sampler)
 
     def weights_for_engines(self) -> dict[str, torch.Tensor] | None:
-        """The policy's weights when the engines apart from it are due a sync (rank 0's), else None."""
+        """The policy's weights (adapters merged in) when the engines apart from it are due a sync (rank 0's), else
+        None."""
         due, self.sync_due = self.sync_due, False
-        return self._weights() if due else None
+        if not due:
+            return None
+        if is_adapted(self.model):
+            return {name: tensor.cpu().clone() for name, tensor in merged_state_dict(self.model).items()}
+        return self._weights()
 
     @torch.no_grad()
     def logprobs(self, batch: PackedBatch) -> torch.Tensor:
         def pass_rows(part: PackedBatch) -> torch.Tensor:
-            return response_logprobs(self.model, part.to(self.model.device), self.cfg.temperature)[0].cpu()
+            with autocast(self.model, self.cfg.precision):
+                return response_logprobs(self.model, part.to(self.model.device), self.cfg.temperature)[0].cpu()
 
         return self._rows_pass(batch, pass_rows)
+
+    @torch.no_grad()
+    def reference_logprobs(self, batch: PackedBatch) -> torch.Tensor:
+        """The reference's log-probs when the policy trains through adapters: its own base, adapters disabled."""
+        with adapters_disabled(self.model):
+            return self.logprobs(batch)
 
     def update(
         self,
@@ -281,7 +301,8 @@ class ActorWorker(_TrainedRole):
             # this rank's rows, and the weights that make its losses' average over the ranks the minibatch's
             mine, per_item, per_token = shares(self.rank, minibatch, batch.response_mask, loss.rows_per_item)
             part = batch.select(mine).to(device)
-            logprobs, logits = response_logprobs(self.model, part, cfg.temperature)
+            with autocast(self.model, cfg.precision):
+                logprobs, logits = response_logprobs(self.model, part, cfg.temperature)
             if old_logprobs is None:
                 fresh = ~seen[mine]
                 if per_item:  # a rank without rows of its own (weight 0) leaves them to the rank that has them
@@ -322,7 +343,7 @@ class ActorWorker(_TrainedRole):
         if not self.rank.is_main:
             return
         require_finite(weights, "the policy, before saving it")
-        self.model.save_pretrained(out, state_dict=weights)
+        save_model(self.model, out, weights)
         load_tokenizer(tokenizer_dir).save_pretrained(out)
 
 
@@ -364,7 +385,7 @@ class FrozenWorker:
 
     def __init__(self, params: Params, cfg: RLConfig, model_dir: Path):
         self.temperature = cfg.temperature
-        self.model = load_reference(model_dir, resolve_device(params.device))
+        self.model = load_reference(model_dir, resolve_device(params.device), compute_dtype(cfg.precision))
         self.vocabulary = len(load_tokenizer(model_dir))  # a checkpoint's embedding rows may pad the vocabulary
 
     @torch.no_grad()
@@ -398,7 +419,8 @@ class RewardWorker:
         for path in member_dirs:
             tokenizer = load_tokenizer(path)
             same_ids = vocabulary_mismatch(tokenizer, policy_tokenizer) is None
-            self.members.append((load_reward_model(path, device), tokenizer, same_ids))
+            model = load_reward_model(path, device, dtype=compute_dtype(cfg.precision))
+            self.members.append((model, tokenizer, same_ids))
         self.combine, self.batch_size = cfg.reward_ensemble, params.eval.batch_size
         self.prompt_format = PromptFormat.of(params.task)
 

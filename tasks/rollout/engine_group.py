@@ -11,6 +11,7 @@ import torch
 from transformers import PreTrainedModel
 
 from models import load_policy, load_tokenizer, resolve_device
+from models.trainable import compute_dtype
 from tasks.common.config import Params, RLConfig
 from tasks.common.training import make_deterministic, rng_state, set_rng_state
 from tasks.data.prompts import PromptFormat
@@ -33,7 +34,8 @@ def make_engine(
     if cfg.rollout_backend == "vllm":
         from tasks.rollout.vllm_engine import VLLMEngine  # vllm is optional: imported only when asked for
 
-        engine = VLLMEngine(model_dir, seed, model.config.max_position_embeddings, PromptFormat.of(params.task))
+        max_length, dtype = model.config.max_position_embeddings, compute_dtype(cfg.precision)
+        engine = VLLMEngine(model_dir, seed, max_length, PromptFormat.of(params.task), dtype)
         engine.sync_weights(model)
         return engine
     return HFEngine(model, tokenizer, params.eval.batch_size, PromptFormat.of(params.task))
@@ -47,7 +49,8 @@ class EngineWorker:
         self.cfg = cfg
         seed = params.seed + ENGINE_SEED_OFFSET + replica  # each replica samples from its own stream
         make_deterministic(seed)
-        self.model = load_policy(model_dir, resolve_device(params.device)).requires_grad_(False)
+        device, dtype = resolve_device(params.device), compute_dtype(cfg.precision)
+        self.model = load_policy(model_dir, device, dtype).requires_grad_(False)
         self.model.eval()
         self.engine = make_engine(params, cfg, self.model, load_tokenizer(model_dir), model_dir, seed)
 

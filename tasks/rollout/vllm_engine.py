@@ -26,21 +26,31 @@ import os
 import random
 from pathlib import Path
 
+import torch
 from transformers import PreTrainedModel
 
 from models import load_tokenizer
+from models.trainable import merged_state_dict
 from tasks.data.prompts import PromptFormat, stop_token_ids
 from tasks.rollout.engine import Completion, Sampling
 
 
 class VLLMEngine:
-    """Sampled or greedy completions from vLLM in float32, full distribution (no top-k/top-p).
+    """Sampled or greedy completions from vLLM in ``dtype`` (the stage's compute dtype), full distribution (no
+    top-k/top-p).
 
     Each prompt's samples draw from their own seeded generator, derived from ``seed`` in call
     order, so a run is reproducible whatever else uses torch's RNG or shares the batch.
     """
 
-    def __init__(self, model_dir: str | Path, seed: int, max_model_len: int, prompt_format: PromptFormat):
+    def __init__(
+        self,
+        model_dir: str | Path,
+        seed: int,
+        max_model_len: int,
+        prompt_format: PromptFormat,
+        dtype: torch.dtype = torch.float32,
+    ):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # sync_weights needs the worker in this process
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the CPU default asks for more than is free
         from vllm import LLM
@@ -49,7 +59,7 @@ class VLLMEngine:
         self.tokenizer, self.prompt_format = load_tokenizer(model_dir), prompt_format
         self.llm = LLM(
             str(model_dir),
-            dtype="float32",
+            dtype=str(dtype).removeprefix("torch."),
             seed=seed,
             max_model_len=max_model_len,
             logprobs_mode="processed_logprobs",
@@ -101,7 +111,7 @@ class VLLMEngine:
 
     def sync_weights(self, model: PreTrainedModel) -> None:
         # HF and vLLM share checkpoint names; vLLM skips what it ties or computes (lm_head, rotary buffers).
-        weights = list(model.state_dict().items())
+        weights = list(merged_state_dict(model).items())  # an adapted policy's adapters folded in
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         # Cached prompt KV was computed with the old weights.
         self.llm.reset_prefix_cache()

@@ -22,7 +22,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
-from models import context_length, load_policy, load_reference, load_tokenizer, resolve_device
+from models import context_length, load_reference, load_tokenizer, resolve_device
+from models.trainable import trainable_policy
 from tasks.common.artifacts import atomic_output, metrics_dir, model_dir, stage_dir
 from tasks.common.config import DPOConfig, Params, to_dict
 from tasks.common.distributed import Rank, data_parallel_step, run_data_parallel
@@ -169,7 +170,7 @@ def _train_rank(
     metrics and returns the held-out preference accuracy and how far the chosen log-prob moved."""
     cfg = params.dpo
     make_deterministic(params.seed)
-    model = load_policy(init, resolve_device(params.device))
+    model = trainable_policy(init, resolve_device(params.device), cfg)
     model.train()
     train_pairs, score_train = scorers["train"]
     score = data_parallel_step(model, score_train, cfg.parallel.strategy, rank)

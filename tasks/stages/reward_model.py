@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from models import load_reward_model, load_tokenizer, resolve_device
+from models.trainable import prepared_for_training, weights_dtype
 from tasks.common.artifacts import REWARD_MODEL_DIR, atomic_output
 from tasks.common.config import OptimizationConfig, Params, RewardModelConfig, to_dict
 from tasks.common.distributed import Rank, data_parallel, run_data_parallel
@@ -54,6 +55,7 @@ def _member_schedule(cfg: RewardModelConfig, num_pairs: int) -> OptimizationConf
         grad_clip=cfg.grad_clip,
         save_every=cfg.save_every,
         log_every=cfg.log_every,
+        precision=cfg.precision,
     )
 
 
@@ -88,8 +90,9 @@ def _train_member_rank(
     make_deterministic(seed)
     tokenizer, prompt_format = load_tokenizer(backbone), PromptFormat.of(params.task)
     device = resolve_device(params.device)
-    model = load_reward_model(backbone, device, trainable=True)
+    model = load_reward_model(backbone, device, trainable=True, dtype=weights_dtype(cfg.precision))
     model.config.pad_token_id = tokenizer.pad_token_id  # the score is read at the last non-pad token
+    model = prepared_for_training(model, cfg)
     model.train()
     replica = data_parallel(model, cfg.parallel.strategy, rank)
 

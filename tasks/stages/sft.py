@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from models import load_policy, load_tokenizer, resolve_device
+from models import load_tokenizer, resolve_device
+from models.trainable import trainable_policy
 from tasks.common.artifacts import atomic_output, metrics_dir, model_dir
 from tasks.common.config import Params, SFTTrainingConfig, to_dict
 from tasks.common.distributed import Rank, data_parallel, run_data_parallel
@@ -107,7 +108,7 @@ def _train_rank(
     tokenizer = load_tokenizer(init_dir)
     examples, prompt_format = read_examples(train_file)[: cfg.num_examples], PromptFormat.of(params.task)
     batches = SFTBatches(examples, tokenizer, prompt_format, cfg, train_file, params.seed)
-    model = load_policy(init_dir, device)
+    model = trainable_policy(init_dir, device, cfg)
     model.train()
     replica = data_parallel(model, cfg.parallel.strategy, rank)
 

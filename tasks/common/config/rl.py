@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import Annotated
 
 from tasks.common.config.fields import OneOf, Weight, mapping, param, schema_section, section
-from tasks.common.config.sections import ParallelConfig, PreferenceLossConfig, SamplingConfig, StageResources
+from tasks.common.config.sections import (
+    ModelTrainingConfig,
+    ParallelConfig,
+    PreferenceLossConfig,
+    SamplingConfig,
+    StageResources,
+)
 
 LR_SCHEDULES = ("constant", "cosine")
 LEARNERS = ("preference", "policy_gradient")
@@ -18,7 +24,7 @@ def roles(*names: str) -> dict[str, StageResources]:
 
 
 @schema_section
-class RLConfig(SamplingConfig):
+class RLConfig(SamplingConfig, ModelTrainingConfig):
     """One RL stage: PPO, GRPO and their kin share this schema and one trainer (``tasks/rl/trainer.py``).
 
     An iteration samples ``group_size`` responses for each of ``rollout_batch_size`` prompts, scores

@@ -38,7 +38,7 @@ class TaskConfig:
     chat_template: Annotated[str, OneOf(CHAT_TEMPLATE_MODES)] = param(
         "auto",
         "Ask through the tokenizer's chat template (an instruct model answers best as it was trained to be asked): "
-        "auto when the tokenizer has one, on to require one, off to send the bare prompt.",
+        "auto when the tokenizer has one, always to require one, never to send the bare prompt.",
     )
     system_prompt: str | None = param(
         None, "The system message before each prompt, with a chat template; null keeps the template's own default."
@@ -84,8 +84,45 @@ class BaseConfig(ModelSizeConfig):
     )
 
 
+PRECISIONS = ("fp32", "bf16", "bf16-mixed")
+ALL_LINEAR = "all-linear"  # PEFT's name for every linear layer but the output head
+
+
 @schema_section
-class AdamWConfig:
+class LoraConfig:
+    """Low-rank adapters (PEFT LoRA, ``models/trainable.py``): the model stays frozen and rank-r matrices beside the
+    target layers train, a fraction of the parameters and of the optimiser's memory; the stage writes the merged
+    model, with the adapter beside it."""
+
+    rank: int = param(0, "Adapter rank r; 0 trains every weight (no adapters).", ge=0, le=4096)
+    alpha: float = param(16.0, "Adapter scale: the update is alpha / rank times the adapters' product.", gt=0)
+    dropout: float = param(0.0, "Dropout on the adapters' input while training.", ge=0, lt=1)
+    target_modules: tuple[str, ...] = param(
+        (ALL_LINEAR,),
+        f"The layers that get adapters, by the last part of their name (a Llama's: q_proj, k_proj, v_proj, o_proj, "
+        f"gate_proj, up_proj, down_proj), or {ALL_LINEAR} for every linear layer but the output head.",
+    )
+
+
+@schema_section
+class ModelTrainingConfig:
+    """How a stage's model trains: its precision, its memory trade-offs and whether through adapters."""
+
+    precision: Annotated[str, OneOf(PRECISIONS)] = param(
+        "fp32",
+        "fp32: float32 weights and math (bit-exact on CPU); bf16: bfloat16 weights and math (half the memory); "
+        "bf16-mixed: float32 weights and optimiser, forward passes in bfloat16 autocast. The frozen roles and the "
+        "engines (vLLM's dtype) compute in bfloat16 under either bf16.",
+    )
+    gradient_checkpointing: bool = param(
+        False,
+        "Recompute each block's activations during the backward pass: less memory for about a third more compute.",
+    )
+    lora: LoraConfig = section(LoraConfig, "LoRA adapters instead of full fine-tuning (rank 0: off).")
+
+
+@schema_section
+class AdamWConfig(ModelTrainingConfig):
     """AdamW with linear warm-up and cosine decay, resumable (``tasks/common/training.py:fit``)."""
 
     lr: float = param(2e-3, "Peak AdamW learning rate.", gt=0)
