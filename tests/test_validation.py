@@ -1,10 +1,12 @@
 """Bad configuration and bad dataset rows fail before any work, naming the key or file:line, writing nothing."""
 
 import json
+import struct
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from flows.cli import main
 from tasks.common import errors
@@ -148,6 +150,30 @@ def _produced(project):
 def test_malformed_config_is_rejected_naming_the_key(project, capsys, overrides, message):
     assert main(["stage", "data", *overrides]) == 2
     assert capsys.readouterr().err.count(message) == 1
+    assert _produced(project) == []
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        (b"GGUF" + struct.pack("<IQQ", 7, 1, 1) + bytes(64), "GGUF version 7 does not parse"),
+        (b"GGUF" + struct.pack("<I", 3), "the GGUF file ends inside its header"),
+        (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + bytes(64), "the GGUF file holds no tensors"),
+    ],
+)
+def test_a_gguf_that_does_not_parse_is_refused_before_any_stage(project, capsys, header, message):
+    (project / "model.gguf").write_bytes(header)
+    assert main(["stage", "data", "base.model_path=model.gguf"]) == 2
+    assert f"base.model_path: 'model.gguf': {message}" in capsys.readouterr().err
+    assert _produced(project) == ["model.gguf"]
+
+
+def test_bf16_on_a_gpu_without_it_is_refused_naming_the_key(project, capsys, monkeypatch):
+    """A GPU older than compute capability 8.0 (none here: torch is told so) has no bfloat16."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
+    assert main(["stage", "data", "device=cuda", "grpo.precision=bf16-mixed"]) == 2
+    assert "grpo.precision: bf16-mixed needs bfloat16, which this GPU lacks" in capsys.readouterr().err
     assert _produced(project) == []
 
 
