@@ -28,6 +28,7 @@ if (_workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))) > 1:
 # starts last sets when the run ends.
 LONGEST_FIRST = (
     "test_retrain.py",
+    "test_real_model.py",
     "test_r1_pipeline.py",
     "test_rlhf_pipeline.py",
     "test_flows.py",
