@@ -2,12 +2,14 @@
 
 import json
 import subprocess
+import sys
+import types
 
 import pytest
 
 from tasks.common.params import load_params
 from tasks.data.datasets import read_examples
-from tasks.data.problems import PROBLEMS, Example, score_response
+from tasks.data.problems import Example, score_response
 from tasks.data.rejection_sampling import accepted
 from tests.conftest import ENV, dvc, make_project, repro, resume_after_kill, stages_run
 
@@ -124,11 +126,10 @@ def test_rejection_keeps_distinct_verified_responses_up_to_the_cap():
 
 
 def test_rejection_ranks_by_the_reward_model_when_a_task_has_no_verifier(monkeypatch):
-    class Unverifiable:
-        is_correct = None
-
-    monkeypatch.setitem(PROBLEMS, "essay", Unverifiable)
-    example = Example("essay", "Write:", "", "")
+    essays = types.ModuleType("essay_task")  # a task of your own without a verifier
+    essays.difficulty = lambda example: "essay"
+    monkeypatch.setitem(sys.modules, "essay_task", essays)
+    example = Example("essay_task", "Write:", "", "")
     responses = ["short", "a longer answer", "the longest answer of all", "short"]
 
     def by_length(_, texts: list[str]) -> list[float]:  # a stand-in reward model

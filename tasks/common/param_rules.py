@@ -189,6 +189,21 @@ def _distill_errors(params: Params, longest: int) -> Iterator[str]:
         )
 
 
+def _task_errors(params: Params) -> Iterator[str]:
+    """The task module imports and defines what a task must, and what it cannot generate comes from files."""
+    from tasks.data.problems import TaskError, task_module
+
+    try:
+        module = task_module(params.task.name)
+    except TaskError as error:
+        yield str(error)
+        return
+    if not callable(getattr(module, "generate", None)):
+        for key in ("train_file", "test_file"):
+            if getattr(params.data, key) is None:
+                yield f"data.{key}: the task {params.task.name!r} generates no problems (no generate()): name your rows"
+
+
 def _size_errors(name: str, size: ModelSizeConfig, longest: int) -> Iterator[str]:
     """A tiny model's size: heads that divide its width, and positions for the ``longest`` sequence it sees."""
     if size.hidden_size % size.num_heads:
@@ -227,6 +242,7 @@ def cross_field_errors(params: Params) -> Iterator[str]:
             )
     yield from _model_key_errors(params)
     yield from training_errors(params)
+    yield from _task_errors(params)
     if "+" not in params.task.countdown.ops:  # the one operation that applies at every step of a solution
         yield f"task.countdown.ops: must include '+', got {params.task.countdown.ops!r}"
     for name in RL_SECTIONS:

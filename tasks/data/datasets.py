@@ -17,7 +17,7 @@ from pathlib import Path, PurePath
 from typing import Any, TypeVar
 
 from tasks.common.errors import warn
-from tasks.data.problems import PROBLEMS, Example, parse_response
+from tasks.data.problems import BUILT_IN, Example, TaskError, task_module
 from tasks.data.prompts import PromptFormat
 
 _STRING_FIELDS = ("task", "prompt", "answer", "solution")
@@ -37,7 +37,7 @@ class DatasetError(ValueError):
 
 def generate_splits(task_cfg, num_train: int, num_test: int, seed: int) -> tuple[list[Example], list[Example]]:
     """Draw ``num_test`` then ``num_train`` distinct problems; no prompt appears in both splits."""
-    family, family_cfg = PROBLEMS[task_cfg.name], getattr(task_cfg, task_cfg.name)
+    family, family_cfg = task_module(task_cfg.name), getattr(task_cfg, task_cfg.name, None)
     rng = random.Random(f"alignflow-data-{seed}")
     seen: set[str] = set()
     splits = []
@@ -115,14 +115,10 @@ def read_shards(source: str | Path, task: str | None = None) -> list[Example]:
     files = shard_files(source)
     if not files:
         raise DatasetError(f"{source}: no JSONL file (a file, a directory of *.jsonl shards, or a glob)")
+    parse = _parse_row if task is None else _row_parser(task)
     examples, first_seen, repeats = [], {}, []
     for shard in files:
-        for line, example in _numbered_rows(shard, _parse_row):
-            if task is not None and example.task != task:
-                raise DatasetError(
-                    f"{shard}:{line}: a {example.task!r} row in a {task!r} project (task.name); the held-out split "
-                    "and the verifiers are the project's task's"
-                )
+        for line, example in _numbered_rows(shard, parse):
             where = f"{shard}:{line}"
             if (seen := first_seen.setdefault(json.dumps(example.to_row(), sort_keys=True), where)) != where:
                 repeats.append(f"{where} repeats {seen}")
@@ -228,23 +224,68 @@ def _parse_pair(line: str) -> PreferencePair:
     return PreferencePair(**row)
 
 
+def _row_parser(task: str) -> Callable[[str], Example]:
+    """How a row of your own for ``task`` is read: by the task's ``from_row`` (your own fields), or as an Example
+    row; either way checked as every Example row is."""
+    module = task_module(task)
+    if not callable(getattr(module, "from_row", None)):
+
+        def parse_example_row(line: str) -> Example:
+            # a row's own task is imported only when it is built in or the project's: a dataset imports no module
+            row_task = _json_object(line, _STRING_FIELDS)["task"]
+            if row_task not in (task, *BUILT_IN):
+                raise ValueError(f"unknown task {row_task!r} (this project's is {task!r}, task.name)")
+            example = _parse_row(line)
+            if row_task != task:
+                raise ValueError(
+                    f"a {row_task!r} row in a {task!r} project (task.name); the held-out split and the verifiers are "
+                    "the project's task's"
+                )
+            return example
+
+        return parse_example_row
+
+    def parse(line: str) -> Example:
+        try:
+            row: Any = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"not valid JSON ({error.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"a row must be a JSON object, got {type(row).__name__}")
+        example = module.from_row(row)
+        if not isinstance(example, Example):
+            raise TaskError(f"task.name: {task!r}'s from_row returned a {type(example).__name__}, not an Example")
+        _check_lengths(example.to_row(), _STRING_FIELDS)
+        return _verified(example)
+
+    return parse
+
+
 def _parse_row(line: str) -> Example:
+    """An Example row (what the data stage writes), its task's checks passed."""
     row = _json_object(line, _STRING_FIELDS)
     _check_lengths(row, _STRING_FIELDS)
-    if row["task"] not in PROBLEMS:
-        raise ValueError(f"unknown task {row['task']!r} (known: {', '.join(PROBLEMS)})")
-    meta = row["meta"]
-    example = Example(row["task"], row["prompt"], row["answer"], row["solution"], meta)
-    parsed = parse_response(example.solution)
-    if parsed is None:
-        raise ValueError("'solution' is not of the form <think>…</think><answer>…</answer>")
-    family = PROBLEMS[example.task]
+    try:
+        task_module(row["task"])
+    except TaskError:
+        raise ValueError(f"unknown task {row['task']!r} (a built-in one, {', '.join(BUILT_IN)}, or a module)") from None
+    return _verified(Example(row["task"], row["prompt"], row["answer"], row["solution"], row["meta"]))
+
+
+def _verified(example: Example) -> Example:
+    """``example`` once its task finds nothing wrong with it: its prompt agrees with its answer, and its worked
+    solution (when it has one) passes the verifier (when the task has one)."""
+    module = task_module(example.task)
+    mismatch, score = getattr(module, "mismatch", None), getattr(module, "score", None)
     try:  # the prompt first: a row that disagrees with itself says so before its solution is judged
-        mismatch, verified = family.mismatch(example), family.is_correct(example, parsed.answer)
+        problem = mismatch(example) if callable(mismatch) else None
+        formatted, verified = score(example, example.solution) if callable(score) and example.solution else (1, 1)
     except (KeyError, TypeError) as error:
         raise ValueError(f"'meta' lacks what the {example.task} verifier needs ({error})") from None
-    if mismatch is not None:
-        raise ValueError(mismatch)
+    if problem is not None:
+        raise ValueError(problem)
+    if not formatted:
+        raise ValueError("'solution' is not of the form the task's verifier reads (<think>…</think><answer>…</answer>)")
     if not verified:
         raise ValueError("'solution' does not pass the task's verifier")
     return example

@@ -7,7 +7,6 @@ from typing import Annotated
 from tasks.common.config.fields import MadeOf, OneOf, Weight, param, schema_section, section
 from tasks.data.prompts import CHAT_TEMPLATE_MODES
 
-PROBLEM_NAMES = ("arithmetic", "countdown")
 DEVICES = ("auto", "cpu", "cuda")
 SEED_MAX = 2**32 - 1  # numpy's seeding takes 32 bits
 # Why an upper bound: past it a stage would run for hours here; a user who means it can raise the bound.
@@ -32,7 +31,11 @@ class CountdownConfig:
 
 @schema_section
 class TaskConfig:
-    name: Annotated[str, OneOf(PROBLEM_NAMES)] = param("countdown", "Problem family to train and evaluate on.")
+    name: str = param(
+        "countdown",
+        "The task: a built-in problem family (arithmetic, countdown) or a module of your own by its import path from "
+        "the project directory (examples.word_problems; docs/tasks.md).",
+    )
     arithmetic: ArithmeticConfig = section(ArithmeticConfig, "Settings of the arithmetic family.")
     countdown: CountdownConfig = section(CountdownConfig, "Settings of the countdown family.")
     chat_template: Annotated[str, OneOf(CHAT_TEMPLATE_MODES)] = param(
@@ -327,7 +330,7 @@ class SupervisedSections:
     device: Annotated[str, OneOf(DEVICES)] = param(
         "auto", "Where to train: 'cpu', 'cuda', or 'auto' (cuda when available)."
     )
-    task: TaskConfig = section(TaskConfig, "The synthetic problem family.")
+    task: TaskConfig = section(TaskConfig, "The task: what the model is asked, and how its answers are verified.")
     data: DataConfig = section(DataConfig, "Dataset sizes or files of your own.")
     base: BaseConfig = section(BaseConfig, "The base model: built-in tiny model or a model path.")
     sft: SFTConfig = section(SFTConfig, "Supervised fine-tuning on worked solutions.")

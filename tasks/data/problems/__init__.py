@@ -1,25 +1,69 @@
-"""Seeded synthetic reasoning problems with programmatic verifiers.
+"""Tasks: what a model is asked, how its response is verified, and how a task's rows are read.
 
-Each problem family is a module exposing ``generate(rng, cfg) -> Example``,
-``is_correct(example, answer_text) -> bool`` (its verifier), ``difficulty(example) -> str``
-(a label statistics are grouped by) and ``mismatch(example) -> str | None`` (why a row's prompt
-disagrees with its answer or meta, checked on every row read); ``PROBLEMS`` maps the family name used in params
-(``task.name``) to that module.
+A task is a module named in params (``task.name``): a built-in family (``arithmetic``, ``countdown``, seeded
+synthetic problems) or a module of your own, by its import path from the project directory
+(``examples.word_problems``; docs/tasks.md). Every stage that prompts or verifies goes through it. It defines:
+
+- ``difficulty(example) -> str``: the label statistics are grouped by (required);
+- ``score(example, response) -> (well_formatted, correct)``: the verifier of a model's response; a task without
+  one is ranked by the reward model where a stage needs a choice (rejection sampling);
+- ``from_row(row: dict) -> Example``: one row of your JSONL, in your own fields, as the ``Example`` every stage
+  reads; a ValueError saying what is wrong names the row's ``file:line``. Without it, rows are ``Example`` rows
+  (``task``, ``prompt``, ``answer``, ``solution``, ``meta``);
+- ``mismatch(example) -> str | None``: why a row disagrees with itself (a prompt and an answer that do not match),
+  checked on every row read;
+- ``generate(rng, cfg) -> Example``: a seeded synthetic problem (``cfg``: the ``task.<name>`` section), for a task
+  that generates its data; without it, ``data.train_file`` and ``data.test_file`` are required.
 """
 
+import functools
+import importlib
+import os
+import re
+import sys
 from types import ModuleType
 
-from tasks.data.problems import arithmetic, countdown
 from tasks.data.problems.example import Example, parse_response
 
-PROBLEMS: dict[str, ModuleType] = {"arithmetic": arithmetic, "countdown": countdown}
+BUILT_IN = {"arithmetic": "tasks.data.problems.arithmetic", "countdown": "tasks.data.problems.countdown"}
+REQUIRED = ("difficulty",)
+_MODULE_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
-__all__ = ["PROBLEMS", "Example", "parse_response", "score_response"]
+__all__ = ["BUILT_IN", "Example", "TaskError", "has_verifier", "parse_response", "score_response", "task_module"]
+
+
+class TaskError(ValueError):
+    """A task module that cannot serve: it does not import, or lacks a function a task defines."""
+
+
+@functools.cache
+def task_module(name: str) -> ModuleType:
+    """The task ``name`` names: a built-in family, or a module imported from the project directory; TaskError
+    naming ``task.name`` when it does not import or lacks a required function."""
+    path = BUILT_IN.get(name, name)
+    if not _MODULE_PATH.fullmatch(path):
+        raise TaskError(f"task.name: {name!r} is neither a built-in task ({', '.join(BUILT_IN)}) nor a module path")
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())  # a module of your own, next to params.yaml
+    try:
+        module = importlib.import_module(path)
+    except Exception as error:  # whatever its import raises is the user's module's problem, said in one line
+        raise TaskError(
+            f"task.name: the task module {name!r} does not import ({type(error).__name__}: {error})"
+        ) from None
+    missing = [function for function in REQUIRED if not callable(getattr(module, function, None))]
+    if missing:
+        raise TaskError(
+            f"task.name: the task module {name!r} lacks {', '.join(missing)}() (tasks/data/problems/__init__.py "
+            "lists what a task defines)"
+        )
+    return module
+
+
+def has_verifier(example: Example) -> bool:
+    return callable(getattr(task_module(example.task), "score", None))
 
 
 def score_response(example: Example, response: str) -> tuple[bool, bool]:
-    """Return (well_formatted, correct) for a model response to ``example``."""
-    parsed = parse_response(response)
-    if parsed is None:
-        return False, False
-    return True, PROBLEMS[example.task].is_correct(example, parsed.answer)
+    """(well_formatted, correct) of a model's response to ``example``, by its task's verifier."""
+    return task_module(example.task).score(example, response)

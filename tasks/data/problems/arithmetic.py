@@ -12,7 +12,7 @@ operation mix (borrows and multiplication carries are harder than addition).
 import random
 import re
 
-from tasks.data.problems.example import Example, format_solution
+from tasks.data.problems.example import Example, format_solution, tagged_score
 
 _INTEGER = re.compile(r"-?\d+")
 
@@ -68,6 +68,10 @@ _OPERATIONS = {"+": "addition", "-": "subtraction", "*": "multiplication"}
 def difficulty(example: Example) -> str:
     """The operation: borrows and multiplication carries make some harder than others."""
     return _OPERATIONS[next(char for char in example.prompt[1:] if char in _OPERATIONS)]
+
+
+def score(example: Example, response: str) -> tuple[bool, bool]:
+    return tagged_score(example, response, is_correct)
 
 
 def is_correct(example: Example, answer_text: str) -> bool:

@@ -13,7 +13,7 @@ import random
 import re
 from fractions import Fraction
 
-from tasks.data.problems.example import Example, format_solution
+from tasks.data.problems.example import Example, format_solution, tagged_score
 
 _TOKEN = re.compile(r"\s*(\d+|[-+*/()])")
 _MAX_ANSWER_CHARS = 200
@@ -120,6 +120,10 @@ def generate(rng: random.Random, cfg) -> Example:
 
 def difficulty(example: Example) -> str:
     return f"{len(example.meta['numbers'])} numbers"
+
+
+def score(example: Example, response: str) -> tuple[bool, bool]:
+    return tagged_score(example, response, is_correct)
 
 
 def is_correct(example: Example, answer_text: str) -> bool:

@@ -1,6 +1,7 @@
 """The example schema shared by every problem family, and the response format."""
 
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
@@ -33,6 +34,15 @@ class ParsedResponse(NamedTuple):
 
 def format_solution(steps: list[str], answer: str) -> str:
     return f"<think>{','.join(steps)}</think><answer>{answer}</answer>"
+
+
+def tagged_score(example: Example, response: str, is_correct: Callable[[Example, str], bool]) -> tuple[bool, bool]:
+    """(well_formatted, correct) of a response in the ``<think>…</think><answer>…</answer>`` format, its answer
+    judged by ``is_correct``: the built-in families' verifier."""
+    parsed = parse_response(response)
+    if parsed is None:
+        return False, False
+    return True, is_correct(example, parsed.answer)
 
 
 def parse_response(text: str) -> ParsedResponse | None:
