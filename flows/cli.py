@@ -42,9 +42,19 @@ examples:
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """Reads ``@file`` as more arguments, one a line, skipping blank lines and ``#`` comments: a params overlay
+    (``alignflow run r1 @examples/smollm2.args``)."""
+
+    def convert_arg_line_to_args(self, arg_line: str) -> list[str]:
+        line = arg_line.strip()
+        return [] if not line or line.startswith("#") else [line]
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="alignflow",
+        fromfile_prefix_chars="@",
         description=_description(),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
