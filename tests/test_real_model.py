@@ -87,14 +87,16 @@ def _vllm_serves_and_takes_adapted_weights(project: Path) -> None:
     import torch
 
     from models.trainable import trainable_policy
-    from tasks.common.config import LoraConfig, Params
+    from tasks.common.config import LoraConfig, Params, VLLMConfig
     from tasks.data.prompts import PromptFormat
     from tasks.rollout.engine import Sampling
     from tasks.rollout.vllm_engine import VLLMEngine
     from tests.test_vllm import max_difference
 
     prompt_format, prompts = PromptFormat("auto", None), ["What is 23 + 48?", "12+34="]
-    engine = VLLMEngine(project / "artifacts/grpo", 0, 256, prompt_format)
+    settings = VLLMConfig(max_num_seqs=8)  # the GPU settings reach the engine; sleep mode needs a GPU
+    engine = VLLMEngine(project / "artifacts/grpo", 0, 256, prompt_format, torch.float32, settings)
+    assert engine.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs == 8
     sampled = engine.generate(prompts, Sampling(12, n=2, temperature=1.0))
     assert len(sampled) == 4 and all(0 < len(c.token_ids) <= 12 for c in sampled)
     turn = engine.tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]

@@ -84,6 +84,21 @@ MALFORMED_CONFIGS = [
     (["sft.init=nosuch"], "sft.init: not a model trained before sft"),
     (["sft_cold.init=sft_cold"], "sft_cold.init: not a model trained before sft_cold"),
     (["grpo_final.init=sft"], "override: grpo_final.init: unknown key"),
+    (["task.chat_template=always"], "task.chat_template: 'always' needs a chat template, and the base model (the"),
+    (["task.chat_template=on"], "task.chat_template: Input should be a valid string"),  # YAML: on is true
+    (
+        ["sft.lora.rank=4", "sft.lora.target_modules=[q_proj,qkv]"],
+        "sft.lora.target_modules: the model has no layer 'qkv'",
+    ),
+    (["grpo.lora.rank=4", "grpo.ref_reset_every=5"], "grpo.ref_reset_every: with lora the reference is the start"),
+    (
+        ["dpo.lora.rank=8", "dpo.parallel.num_workers=2", "dpo.parallel.strategy=fsdp"],
+        "dpo.lora: adapters train on ddp",
+    ),
+    (["sft.precision=fp16"], "sft.precision: must be one of fp32, bf16, bf16-mixed"),
+    (["device=cpu", "grpo.vllm.sleep_mode=true"], "grpo.vllm.sleep_mode: vLLM sleeps on a GPU only"),
+    (["device=cpu", "ppo.vllm.tensor_parallel_size=2"], "ppo.vllm.tensor_parallel_size: shards over GPUs"),
+    (["grpo.vllm.gpu_memory_utilization=1.5"], "grpo.vllm.gpu_memory_utilization: must be <= 1"),
     (["reward_model.backbone=ppo"], "reward_model.backbone: not a model trained before reward_model"),
     (["reward_model.backbone=grpo_final/1"], "reward_model.backbone: not a model trained before reward_model"),
     (["reward_backbone.num_heads=5"], "reward_backbone.num_heads: must divide reward_backbone.hidden_size (192)"),

@@ -134,6 +134,16 @@ def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
                 yield f"{name}.{key}.{reward}: not a reward ({', '.join(allowed)}, or module:function of your own)"
             if not math.isfinite(weight):
                 yield f"{name}.{key}.{reward}: the weight must be a finite number, got {weight}"
+    import torch
+
+    on_gpu = params.device == "cuda" or (params.device == "auto" and torch.cuda.is_available())
+    if not on_gpu and cfg.vllm.sleep_mode:
+        yield f"{name}.vllm.sleep_mode: vLLM sleeps on a GPU only (device: cuda); false on a CPU"
+    if not on_gpu and cfg.vllm.tensor_parallel_size > 1:
+        yield f"{name}.vllm.tensor_parallel_size: shards over GPUs (device: cuda); 1 on a CPU"
+    elif cfg.vllm.tensor_parallel_size > max(1, torch.cuda.device_count()):
+        gpus = torch.cuda.device_count()
+        yield f"{name}.vllm.tensor_parallel_size: {cfg.vllm.tensor_parallel_size} GPUs, {gpus} seen"
     if base.model_path is None:
         longest = params.sft.max_prompt_length + cfg.max_new_tokens
         if base.max_position_embeddings < longest:

@@ -35,7 +35,7 @@ def make_engine(
         from tasks.rollout.vllm_engine import VLLMEngine  # vllm is optional: imported only when asked for
 
         max_length, dtype = model.config.max_position_embeddings, compute_dtype(cfg.precision)
-        engine = VLLMEngine(model_dir, seed, max_length, PromptFormat.of(params.task), dtype)
+        engine = VLLMEngine(model_dir, seed, max_length, PromptFormat.of(params.task), dtype, cfg.vllm)
         engine.sync_weights(model)
         return engine
     return HFEngine(model, tokenizer, params.eval.batch_size, PromptFormat.of(params.task))

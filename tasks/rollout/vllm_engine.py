@@ -22,8 +22,10 @@ What this relies on in vLLM 0.32:
   default tiny model (96 / 4 = 24) does not load on CPU.
 """
 
+import contextlib
 import os
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -31,6 +33,7 @@ from transformers import PreTrainedModel
 
 from models import load_tokenizer
 from models.trainable import merged_state_dict
+from tasks.common.config import VLLMConfig
 from tasks.data.prompts import PromptFormat, stop_token_ids
 from tasks.rollout.engine import Completion, Sampling
 
@@ -50,6 +53,7 @@ class VLLMEngine:
         max_model_len: int,
         prompt_format: PromptFormat,
         dtype: torch.dtype = torch.float32,
+        settings: VLLMConfig | None = None,
     ):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # sync_weights needs the worker in this process
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the CPU default asks for more than is free
@@ -57,15 +61,35 @@ class VLLMEngine:
 
         # Prompts are tokenized here and passed as ids, so vLLM sees exactly the trainer's tokens (BOS included).
         self.tokenizer, self.prompt_format = load_tokenizer(model_dir), prompt_format
+        settings = settings or VLLMConfig()
         self.llm = LLM(
             str(model_dir),
             dtype=str(dtype).removeprefix("torch."),
             seed=seed,
             max_model_len=max_model_len,
             logprobs_mode="processed_logprobs",
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            tensor_parallel_size=settings.tensor_parallel_size,
+            max_num_seqs=settings.max_num_seqs,
+            enable_sleep_mode=settings.sleep_mode,
         )
         self._seeds = random.Random(seed)
         self.stop_ids = stop_token_ids(self.tokenizer, self.llm.llm_engine.model_config.hf_config)
+        self.sleeps = settings.sleep_mode
+        if self.sleeps:
+            self.llm.sleep(level=1)
+
+    @contextlib.contextmanager
+    def _awake(self) -> Iterator[None]:
+        """Sleep mode: the engine wakes for a call and sleeps after it (weights offloaded to the CPU, KV cache
+        freed), leaving the GPU's memory to the update between rollouts."""
+        if self.sleeps:
+            self.llm.wake_up()
+        try:
+            yield
+        finally:
+            if self.sleeps:
+                self.llm.sleep(level=1)
 
     def generate(self, prompts: list[str], sampling: Sampling) -> list[Completion]:
         from vllm import SamplingParams
@@ -83,7 +107,8 @@ class VLLMEngine:
             for _ in prompts
         ]
         prompt_ids = self._prompt_ids(prompts)
-        outputs = self.llm.generate(_requests(prompt_ids), params, use_tqdm=False)
+        with self._awake():
+            outputs = self.llm.generate(_requests(prompt_ids), params, use_tqdm=False)
         completions = []
         for prompt_index, output in enumerate(outputs):
             for sample in sorted(output.outputs, key=lambda sample: sample.index):
@@ -102,7 +127,8 @@ class VLLMEngine:
 
         sequences = [ids + completion for ids, completion in zip(self._prompt_ids(prompts), completions, strict=True)]
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
-        outputs = self.llm.generate(_requests(sequences), params, use_tqdm=False)
+        with self._awake():
+            outputs = self.llm.generate(_requests(sequences), params, use_tqdm=False)
         rows = []
         for output, completion in zip(outputs, completions, strict=True):
             steps = output.prompt_logprobs[len(output.prompt_token_ids) - len(completion) :]
@@ -112,9 +138,12 @@ class VLLMEngine:
     def sync_weights(self, model: PreTrainedModel) -> None:
         # HF and vLLM share checkpoint names; vLLM skips what it ties or computes (lm_head, rotary buffers).
         weights = list(merged_state_dict(model).items())  # an adapted policy's adapters folded in
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
-        # Cached prompt KV was computed with the old weights.
-        self.llm.reset_prefix_cache()
+        with self._awake():
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
+            )
+            # Cached prompt KV was computed with the old weights.
+            self.llm.reset_prefix_cache()
 
     def _prompt_ids(self, prompts: list[str]) -> list[list[int]]:
         return self.prompt_format.encode(self.tokenizer, prompts)

@@ -28,6 +28,7 @@ from tasks.common.config.rl import (
     RLSections,
     RoundConfig,
     TeacherDataConfig,
+    VLLMConfig,
 )
 from tasks.common.config.sections import (
     SEED_MAX,
@@ -88,6 +89,7 @@ __all__ = [
     "RewardBackboneConfig",
     "RewardModelConfig",
     "RLConfig",
+    "VLLMConfig",
     "RoundConfig",
     "RunnerConfig",
     "SFTConfig",

@@ -24,6 +24,26 @@ def roles(*names: str) -> dict[str, StageResources]:
 
 
 @schema_section
+class VLLMConfig:
+    """The vLLM engine as GPU users run it (``rollout_backend: vllm``); its dtype follows the stage's precision."""
+
+    gpu_memory_utilization: float = param(
+        0.3,
+        "Share of the GPU's memory vLLM takes for its weights and KV cache; colocated with training, the rest is "
+        "the trainer's.",
+        gt=0,
+        le=1,
+    )
+    sleep_mode: bool = param(
+        False,
+        "On a GPU, colocated: the engine sleeps through each update (weights offloaded to the CPU, KV cache freed) "
+        "and wakes for the next rollout, so training has the memory.",
+    )
+    tensor_parallel_size: int = param(1, "GPUs one engine shards its model over.", ge=1)
+    max_num_seqs: int = param(256, "Sequences vLLM schedules in one step.", ge=1)
+
+
+@schema_section
 class RLConfig(SamplingConfig, ModelTrainingConfig):
     """One RL stage: PPO, GRPO and their kin share this schema and one trainer (``tasks/rl/trainer.py``).
 
@@ -102,6 +122,7 @@ class RLConfig(SamplingConfig, ModelTrainingConfig):
     rollout_backend: Annotated[str, OneOf(("hf", "vllm"))] = param(
         "hf", "Rollout engine: hf (transformers generate) or vllm."
     )
+    vllm: VLLMConfig = section(VLLMConfig, "The vLLM engine's GPU settings (rollout_backend: vllm).")
     colocate: bool = param(
         True,
         "Run every role in the stage's process; false gives each role its own Ray actor. (Data-parallel trained "
