@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 from models import load_tokenizer
 from tasks.data.datasets import read_preferences
 from tasks.data.judge import preference_metrics
+from tasks.data.prompts import BARE
 from tasks.rl.preference import pack_pairs, pair_logprobs, tokenize_pairs
 from tasks.rl.preference_losses import preference_loss
 from tests.conftest import ENV, dvc, make_project, report_json, repro, resume_after_kill, stages_run
@@ -55,7 +56,7 @@ def test_the_reported_preference_accuracy_is_the_dpo_models_implicit_reward_orde
     tokenizer = load_tokenizer(path / "artifacts/dpo")
     pairs = read_preferences(path / "artifacts/preferences/test.jsonl")
     reference = load_file(path / "artifacts/dpo_reference/logprobs.safetensors")
-    tokenized = tokenize_pairs(pairs, tokenizer, "test.jsonl", 128)
+    tokenized = tokenize_pairs(pairs, tokenizer, BARE, "test.jsonl", 128)
     with torch.no_grad():
         scored = pair_logprobs(
             model, pack_pairs(tokenized, tokenizer.pad_token_id), (reference["test.chosen"], reference["test.rejected"])

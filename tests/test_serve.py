@@ -84,9 +84,11 @@ def _field(page: Any, key: str) -> Any:
 
 
 def _shown(page: Any, key: str) -> str:
-    """The value the form shows for ``key``: an input's text, or a select's chosen option."""
+    """The value the form shows for ``key``: an input's text, a toggle's state, or a select's chosen option."""
     field = _field(page, key)
     control = field.locator("input, textarea")
+    if control.count() and control.first.get_attribute("type") == "checkbox":
+        return str(control.first.is_checked())  # a toggle's input value is "on" whatever its state
     return control.input_value() if control.count() else field.locator(".p-label__body").inner_text().strip()
 
 

@@ -441,6 +441,6 @@ class RewardWorker:
     def weights(self) -> dict[str, torch.Tensor]:
         return {
             f"{index}.{name}": tensor.cpu()
-            for index, (model, _) in enumerate(self.members)
+            for index, (model, *_) in enumerate(self.members)
             for name, tensor in model.state_dict().items()
         }
