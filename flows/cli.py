@@ -174,8 +174,8 @@ def _run_stage(args: argparse.Namespace) -> None:
     from tasks.common.registry import parse_stage_name, run_stage
 
     parse_stage_name(args.name)
+    _quiet_libraries()  # before anything imports huggingface_hub, which reads HF_HUB_OFFLINE once, at import
     params = load_params(args.params, args.overrides)
-    _quiet_libraries()
     run_stage(args.name, params)
 
 

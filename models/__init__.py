@@ -1,29 +1,30 @@
-"""Building and loading models: the tiny base model, its tokenizer, and the roles stages load."""
+"""Building and loading models: the tiny base model, its tokenizer, the model sources and the roles stages load.
 
-from models.roles import (
-    context_length,
-    load_critic,
-    load_policy,
-    load_reference,
-    load_reward_model,
-    load_tokenizer,
-    num_parameters,
-    resolve_device,
-    vocabulary_mismatch,
-)
-from models.tiny import build_tiny_llama
-from models.tokenizer import build_char_tokenizer
+The names below load their module on first use, so reading ``models.sources`` (params validation does) imports
+neither torch nor transformers.
+"""
 
-__all__ = [
-    "context_length",
-    "build_char_tokenizer",
-    "build_tiny_llama",
-    "load_critic",
-    "load_policy",
-    "load_reference",
-    "load_reward_model",
-    "load_tokenizer",
-    "num_parameters",
-    "resolve_device",
-    "vocabulary_mismatch",
-]
+import importlib
+from typing import Any
+
+_HOMES = {
+    "context_length": "models.roles",
+    "load_critic": "models.roles",
+    "load_policy": "models.roles",
+    "load_reference": "models.roles",
+    "load_reward_model": "models.roles",
+    "load_tokenizer": "models.roles",
+    "num_parameters": "models.roles",
+    "resolve_device": "models.roles",
+    "vocabulary_mismatch": "models.roles",
+    "build_tiny_llama": "models.tiny",
+    "build_char_tokenizer": "models.tokenizer",
+}
+
+__all__ = list(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'models' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name]), name)
