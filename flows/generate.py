@@ -11,6 +11,7 @@ when either is out of date.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -57,10 +58,11 @@ def _wrapped(text: str, first: str, rest: str) -> Iterator[str]:
     yield line.rstrip()
 
 
-def _code_deps(kind: StageKind) -> list[str]:
+@functools.cache  # the code does not change while a process runs; parsing it is most of what generating costs
+def _code_deps(entry: str) -> tuple[str, ...]:
     """The files a stage's entry module imports, transitively: its own module first, then the library, then the
     rest (a package whose every module is imported named once)."""
-    module = kind.entry.partition(":")[0]
+    module = entry.partition(":")[0]
     imported = transitive_imports(module)
     files = {str(path.relative_to(REPO)) for path in imported.values() if has_code(path)}
     own = str(imported[module].relative_to(REPO))
@@ -74,7 +76,7 @@ def _code_deps(kind: StageKind) -> list[str]:
         in_package = {str(p.relative_to(REPO)) for p in (REPO / package).glob("*.py") if has_code(p)}
         deps.add(package if in_package <= files else path)
     ordered = [own, *[root for root in _LIBRARY if root in deps]]
-    return ordered + sorted(deps - set(ordered))
+    return (*ordered, *sorted(deps - set(ordered)))
 
 
 def _artifact(read: str, kind: StageKind, variable: str) -> str:
@@ -88,7 +90,7 @@ def _artifact(read: str, kind: StageKind, variable: str) -> str:
 def _entry(kind: StageKind, name: str, foreach: list[str] | str | None, target: str) -> list[str]:
     """One dvc.yaml stage (or foreach group) of ``kind``; ``target`` is what follows @ in its stages' names."""
     deps = ["data  # your own JSONL and incoming shards: a new shard retrains"] if kind.user_data else []
-    deps += [_artifact(read, kind, target) for read in kind.reads.values()] + _code_deps(kind)
+    deps += [_artifact(read, kind, target) for read in kind.reads.values()] + list(_code_deps(kind.entry))
     command = f"{kind.name}@{target}" if kind.target else kind.name
     out = command.replace("@", "/")
     lines = [f"  {name}:", *_wrapped(kind.description, "    # ", "    # ")]

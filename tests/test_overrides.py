@@ -80,7 +80,8 @@ def test_the_sft_form_holds_what_its_stages_read_as_plain_described_fields_at_th
         "type": "number",
     }
     assert (leaves["data.num_train"]["minimum"], leaves["data.num_train"]["maximum"]) == (1, 1_000_000)
-    assert leaves["task.name"]["enum"] == ["arithmetic", "countdown"]
+    assert leaves["task.chat_template"]["enum"] == ["auto", "always", "never"]
+    assert "pattern" in leaves["task.name"]  # a module path: the built-in families' names or your own module's
     assert leaves["base.model_path"]["type"] == "string" and "default" not in leaves["base.model_path"]
     # What the form fills itself with and sends: every value but the nulls (a null string field would be refused).
     assert schema["properties"]["sft"]["default"]["lr"] == PARAMS.sft.lr
@@ -144,7 +145,7 @@ def test_a_changed_field_is_the_one_override_and_load_params_accepts_it(forms):
     [
         ("sft", {"sft": {"lr": -1}}),
         ("sft", {"sft": {"batch_size": 0}}),
-        ("sft", {"task": {"name": "sudoku"}}),
+        ("sft", {"task": {"name": "no such task"}}),
         ("sft", {"sft": {"lrr": 1}}),
         ("sft", {"x": 1}),
         ("sft", {"ppo": {"steps": 4}}),  # a valid param, but no stage of sft reads it
@@ -175,7 +176,7 @@ def test_overrides_are_written_into_params_yaml_keeping_its_comments(tmp_path):
     params_file.write_text((REPO / "params.yaml").read_text())
     write_overrides(params_file, ["sft.lr=0.0005", 'task.name="arithmetic"'])
     text = params_file.read_text()
-    assert "# Every stage's settings" in text and "# arithmetic | countdown" in text
+    assert "# Every stage's settings" in text and "# auto | always | never" in text
     params = load_params(params_file)
     assert (params.sft.lr, params.task.name) == (0.0005, "arithmetic")
     assert not list(tmp_path.glob(".tmp-*"))

@@ -24,13 +24,13 @@ REAL_PIPELINE = (
     "task.name=arithmetic",
     "task.arithmetic.digits=2",
     "task.arithmetic.ops=+",
-    "data.num_train=32",
+    "data.num_train=16",
     "data.num_test=4",
     "sft.max_prompt_length=64",  # the bound every stage's prompts share: SmolLM2's template adds 30 tokens
     "sft_cold.max_prompt_length=64",
     "sft_cold.max_length=128",
-    "sft_cold.max_steps=3",
-    "sft_cold.batch_size=4",
+    "sft_cold.max_steps=2",
+    "sft_cold.batch_size=2",
     "sft_cold.warmup_steps=0",
     "sft_cold.log_every=1",
     "sft_cold.lora.rank=8",
@@ -39,14 +39,14 @@ REAL_PIPELINE = (
     "grpo.rollout_batch_size=2",
     "grpo.group_size=2",
     "grpo.minibatch_size=4",
-    "grpo.max_new_tokens=16",
+    "grpo.max_new_tokens=8",
     "grpo.dynamic_sampling=false",
     "grpo.colocate=true",
     "grpo.lora.rank=8",
     "grpo.ref_reset_every=null",  # with adapters the reference is the start
     "grpo.precision=bf16-mixed",
     "eval.k=1",
-    "eval.max_new_tokens=16",
+    "eval.max_new_tokens=8",
 )
 
 
@@ -94,9 +94,11 @@ def _vllm_serves_and_takes_adapted_weights(project: Path) -> None:
     from tests.test_vllm import max_difference
 
     prompt_format, prompts = PromptFormat("auto", None), ["What is 23 + 48?", "12+34="]
-    settings = VLLMConfig(max_num_seqs=8)  # the GPU settings reach the engine; sleep mode needs a GPU
+    # the settings reach the engine (sleep mode needs a GPU); eager, it starts in 5 s here instead of 84
+    settings = VLLMConfig(max_num_seqs=8, enforce_eager=True)
     engine = VLLMEngine(project / "artifacts/grpo", 0, 256, prompt_format, torch.float32, settings)
     assert engine.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs == 8
+    assert engine.llm.llm_engine.vllm_config.model_config.enforce_eager
     sampled = engine.generate(prompts, Sampling(12, n=2, temperature=1.0))
     assert len(sampled) == 4 and all(0 < len(c.token_ids) <= 12 for c in sampled)
     turn = engine.tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]

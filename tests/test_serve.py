@@ -106,6 +106,8 @@ def _shows(shown: str, value: Any) -> bool:
         return shown == ""  # a null param is an empty field
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(shown) == value  # the form writes 1.0 as 1
+    if isinstance(value, tuple | list):
+        return shown == ", ".join(map(str, value))  # a list field shows its items
     return shown == str(value)
 
 

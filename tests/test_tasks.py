@@ -88,18 +88,19 @@ def test_the_example_task_runs_through_sft_grpo_and_eval(tmp_path):
         "sft.max_length=128",
         "sft_cold.max_prompt_length=80",
         "sft_cold.max_length=128",
-        "sft_cold.max_steps=40",
+        "sft_cold.max_steps=20",
         "grpo.steps=2",
         "grpo.max_new_tokens=32",
         "eval.max_new_tokens=32",
     )
     project = make_project(tmp_path, overrides)
     (project / "data/word_problems").mkdir()
-    for split in ("train", "test"):
-        shutil.copy(REPO / f"examples/word_problems/{split}.jsonl", project / f"data/word_problems/{split}.jsonl")
+    shutil.copy(REPO / "examples/word_problems/train.jsonl", project / "data/word_problems/train.jsonl")
+    test_rows = (REPO / "examples/word_problems/test.jsonl").read_text().splitlines(keepends=True)[:40]
+    (project / "data/word_problems/test.jsonl").write_text("".join(test_rows))  # 40 held out: eval in seconds
     dvc(project, "repro", "eval@grpo")
     rows = [json.loads(line) for line in (project / "artifacts/data/test.jsonl").read_text().splitlines()]
-    assert len(rows) == 200 and {row["task"] for row in rows} == {"examples.word_problems"}
+    assert len(rows) == 40 and {row["task"] for row in rows} == {"examples.word_problems"}
     # the rollouts were rewarded by the task's verifier: responses that state a number are well formatted
     grpo = yaml.safe_load((project / "metrics/grpo/metrics.json").read_text())
     assert set(grpo["train"]["rewards"]) == {"accuracy", "format"} and grpo["train"]["rewards"]["format"] > 0
@@ -109,4 +110,4 @@ def test_the_example_task_runs_through_sft_grpo_and_eval(tmp_path):
     for example in examples:  # eval's verdicts are the task's own
         row = greedy[[g["prompt"] for g in greedy].index(example.prompt)]
         assert (row["formatted"], row["correct"]) == score_response(example, row["response"])
-    assert len(by_prompt) == len(greedy) == 200
+    assert len(by_prompt) == len(greedy) == 40

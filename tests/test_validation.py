@@ -21,7 +21,7 @@ MALFORMED_CONFIGS = [
     (["sft.batch_size=0"], "sft.batch_size: must be >= 1"),
     (["sft.max_length=16"], "sft.max_length: must exceed sft.max_prompt_length"),
     (["task.name=sudoku"], "task.name: the task module 'sudoku' does not import (ModuleNotFoundError"),
-    (["task.name=no such task"], "task.name: 'no such task' is neither a built-in task"),
+    (["task.name=no such task"], "task.name: String should match pattern"),
     (["task.name=json"], "task.name: the task module 'json' lacks difficulty()"),
     (["base.model_path=/no/such/model"], "base.model_path: no model directory"),
     (["task.arithmetic.ops=+/"], "task.arithmetic.ops: must be made of"),

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from models import build_char_tokenizer, build_tiny_llama, load_policy, load_tokenizer
-from tasks.common.config import BaseConfig
+from tasks.common.config import BaseConfig, VLLMConfig
 from tasks.data.prompts import BARE
 from tasks.rl.core_algos import sft_loss, token_logprobs
 from tasks.rl.sequences import finished_response_ids
@@ -72,7 +72,7 @@ def synced(tmp_path_factory) -> SimpleNamespace:
     tokenizer, policy = load_tokenizer(path), load_policy(path, torch.device("cpu"))
     completions = [finished_response_ids(tokenizer, r) for r in RESPONSES]
 
-    engine = VLLMEngine(path, 0, 256, BARE)
+    engine = VLLMEngine(path, 0, 256, BARE, settings=VLLMConfig(enforce_eager=True))  # starts in seconds
     run = SimpleNamespace(engine=engine, policy=policy, tokenizer=tokenizer, completions=completions)
     run.vllm_before = engine.completion_logprobs(PROMPTS, completions)
     run.trainer_before = trainer_logprobs(policy, tokenizer, PROMPTS, completions)

@@ -72,6 +72,7 @@ class VLLMEngine:
             tensor_parallel_size=settings.tensor_parallel_size,
             max_num_seqs=settings.max_num_seqs,
             enable_sleep_mode=settings.sleep_mode,
+            enforce_eager=settings.enforce_eager,
         )
         self._seeds = random.Random(seed)
         self.stop_ids = stop_token_ids(self.tokenizer, self.llm.llm_engine.model_config.hf_config)

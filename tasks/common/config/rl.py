@@ -41,6 +41,11 @@ class VLLMConfig:
     )
     tensor_parallel_size: int = param(1, "GPUs one engine shards its model over.", ge=1)
     max_num_seqs: int = param(256, "Sequences vLLM schedules in one step.", ge=1)
+    enforce_eager: bool = param(
+        False,
+        "Run the model eagerly, without compiling it or capturing CUDA graphs: the engine starts in seconds, not a "
+        "minute or more, and decodes slower; for short runs.",
+    )
 
 
 @schema_section

@@ -35,6 +35,7 @@ class TaskConfig:
         "countdown",
         "The task: a built-in problem family (arithmetic, countdown) or a module of your own by its import path from "
         "the project directory (examples.word_problems; docs/tasks.md).",
+        pattern=r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$",  # a module path; whether it imports is checked with the rules
     )
     arithmetic: ArithmeticConfig = section(ArithmeticConfig, "Settings of the arithmetic family.")
     countdown: CountdownConfig = section(CountdownConfig, "Settings of the countdown family.")
