@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+from gpu_lean import matmul_peak
 from harness import ENV, REPO, stage
 
 OVERLAY = REPO / "examples/smollm2.args"
@@ -30,20 +31,6 @@ ON_A_GPU = (
 )
 
 
-def bf16_matmul_peak(seconds: float = 1.0) -> float:
-    """FLOP/s of repeated bf16 8192 x 8192 matmuls on the current GPU: the peak MFU is measured against."""
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn_like(a)
-    a @ b
-    torch.cuda.synchronize()
-    count, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        a @ b
-        count += 1
-    torch.cuda.synchronize()
-    return count * 2 * 8192**3 / (time.perf_counter() - started)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=10, help="GRPO iterations")
@@ -51,7 +38,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("gpu_check: no CUDA device is visible; this check runs on a GPU")
     overrides = [f"@{OVERLAY}", *ON_A_GPU, f"grpo.steps={args.steps}"]
-    peak = bf16_matmul_peak()
+    peak = matmul_peak(torch.device("cuda"))
     with tempfile.TemporaryDirectory() as scratch:
         project = Path(scratch) / "project"
         subprocess.run(["git", "clone", "--quiet", str(REPO), str(project)], check=True, env=ENV)

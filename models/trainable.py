@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from tasks.common.config.sections import ALL_LINEAR
+
 ADAPTER_DIR = "adapter"  # beside the merged model: the adapter alone, loadable with peft onto the stage's init
 COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "bf16-mixed": torch.bfloat16}
 WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "bf16-mixed": torch.float32}
@@ -47,7 +49,7 @@ def prepared_for_training(model: PreTrainedModel, cfg: Any) -> PreTrainedModel:
         r=cfg.lora.rank,
         lora_alpha=cfg.lora.alpha,
         lora_dropout=cfg.lora.dropout,
-        target_modules="all-linear" if "all-linear" in cfg.lora.target_modules else list(cfg.lora.target_modules),
+        target_modules=ALL_LINEAR if ALL_LINEAR in cfg.lora.target_modules else list(cfg.lora.target_modules),
         modules_to_save=[head for head in _HEADS if hasattr(model, head)] or None,
     )
     return get_peft_model(model, config)

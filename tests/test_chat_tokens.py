@@ -90,7 +90,7 @@ def test_the_trainer_and_the_reward_model_score_the_ids_the_engine_sampled(bpe_m
     model, tokenizer = LlamaForCausalLM.from_pretrained(bpe_model), load_tokenizer(bpe_model)
     completions = HFEngine(model, tokenizer, 8, TEMPLATE).generate(["12+34=", "7+8="], Sampling(12, n=4))
     reencoded = [tokenizer(c.text, add_special_tokens=False)["input_ids"] for c in completions]
-    differs = [row for row, c in enumerate(completions) if reencoded[row] != c.token_ids[: len(c.token_ids)]]
+    differs = [row for row, c in enumerate(completions) if reencoded[row] != c.token_ids]
     assert differs, "random BPE samples should include a sequence that does not survive decode-then-encode"
 
     examples = [Example("arithmetic", ["12+34=", "7+8="][c.prompt_index], "0", "") for c in completions]

@@ -188,14 +188,20 @@ def _check_lengths(row: dict[str, Any], fields: tuple[str, ...]) -> None:
             raise ValueError(f"'{key}' is {len(row[key])} characters, over the {MAX_TEXT_CHARS} a row may hold")
 
 
-def _json_object(line: str, string_fields: tuple[str, ...]) -> dict[str, Any]:
-    """The row as a dict with every string field present and non-empty, and an object ``meta``."""
+def _json_dict(line: str) -> dict[str, Any]:
+    """The line as a JSON object; ValueError saying why it is not one."""
     try:
         row: Any = json.loads(line)
     except json.JSONDecodeError as error:
         raise ValueError(f"not valid JSON ({error.msg})") from None
     if not isinstance(row, dict):
         raise ValueError(f"a row must be a JSON object, got {type(row).__name__}")
+    return row
+
+
+def _json_object(line: str, string_fields: tuple[str, ...]) -> dict[str, Any]:
+    """The row as a dict with every string field present and non-empty, and an object ``meta``."""
+    row = _json_dict(line)
     unknown = set(row) - {*string_fields, "meta"}
     if unknown:
         raise ValueError(f"unknown key(s) {', '.join(sorted(unknown))}")
@@ -231,11 +237,12 @@ def _row_parser(task: str) -> Callable[[str], Example]:
     if not callable(getattr(module, "from_row", None)):
 
         def parse_example_row(line: str) -> Example:
+            row = _json_object(line, _STRING_FIELDS)
+            row_task = row["task"]
             # a row's own task is imported only when it is built in or the project's: a dataset imports no module
-            row_task = _json_object(line, _STRING_FIELDS)["task"]
             if row_task not in (task, *BUILT_IN):
                 raise ValueError(f"unknown task {row_task!r} (this project's is {task!r}, task.name)")
-            example = _parse_row(line)
+            example = _example_row(row)
             if row_task != task:
                 raise ValueError(
                     f"a {row_task!r} row in a {task!r} project (task.name); the held-out split and the verifiers are "
@@ -246,13 +253,7 @@ def _row_parser(task: str) -> Callable[[str], Example]:
         return parse_example_row
 
     def parse(line: str) -> Example:
-        try:
-            row: Any = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"not valid JSON ({error.msg})") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"a row must be a JSON object, got {type(row).__name__}")
-        example = module.from_row(row)
+        example = module.from_row(_json_dict(line))
         if not isinstance(example, Example):
             raise TaskError(f"task.name: {task!r}'s from_row returned a {type(example).__name__}, not an Example")
         _check_lengths(example.to_row(), _STRING_FIELDS)
@@ -263,7 +264,11 @@ def _row_parser(task: str) -> Callable[[str], Example]:
 
 def _parse_row(line: str) -> Example:
     """An Example row (what the data stage writes), its task's checks passed."""
-    row = _json_object(line, _STRING_FIELDS)
+    return _example_row(_json_object(line, _STRING_FIELDS))
+
+
+def _example_row(row: dict[str, Any]) -> Example:
+    """``_parse_row`` of a row already read as a JSON object of the Example fields."""
     _check_lengths(row, _STRING_FIELDS)
     try:
         task_module(row["task"])

@@ -143,9 +143,8 @@ def policy_engine(
     prompts at a time, eval.batch_size by default), once the ``prompts`` of each source file are checked to fit the
     model with the stage's ``new_tokens`` (key, value) to spare."""
     tokenizer, prompt_format = load_tokenizer(model_dir), PromptFormat.of(params.task)
+    positions, limit = context_length(model_dir), params.sft.max_prompt_length
     for source, examples in prompts.items():
-        positions = context_length(model_dir)
-        limit = params.sft.max_prompt_length
         check_prompt_lengths(examples, tokenizer, prompt_format, source, limit, positions, new_tokens)
     model = load_policy(model_dir, resolve_device(params.device))
     return HFEngine(model, tokenizer, batch_size or params.eval.batch_size, prompt_format)
