@@ -103,7 +103,7 @@ def sft_leg(project: Path, params: Params, steps: int, every: int, test: list[Ex
     tokenizer, device = load_tokenizer(init), resolve_device(params.device)
     source = project / TEACHER_DATA
     examples, prompt_format = read_examples(source)[: cfg.num_examples], PromptFormat.of(params.task)
-    batches = SFTBatches(examples, tokenizer, prompt_format, cfg, source, params.seed)
+    batches = SFTBatches(examples, tokenizer, prompt_format, cfg, source, params.seed, "sft_distill")
     model = load_policy(init, device).train()
     # A fresh schedule over this leg (a second SFT run from the checkpoint), as the stage's own run had one.
     optimizer, scheduler = adamw_with_cosine(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, steps)

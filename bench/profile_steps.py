@@ -96,7 +96,9 @@ def sft_step_profile(project: Path, params, steps: int, warmup: int) -> None:
     cfg = params.sft
     make_deterministic(params.seed)
     tokenizer = load_tokenizer(project / "artifacts/base")
-    batches = SFTBatches(read_examples(project / "artifacts/data/train.jsonl"), tokenizer, BARE, cfg, Path("train"), 0)
+    batches = SFTBatches(
+        read_examples(project / "artifacts/data/train.jsonl"), tokenizer, BARE, cfg, Path("train"), 0, "sft"
+    )
     model = load_policy(project / "artifacts/base", torch.device("cpu"))
     model.train()
     optimizer, scheduler = adamw_with_cosine(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, cfg.max_steps)

@@ -55,7 +55,7 @@ def main() -> None:
     params = load_params("params.yaml", ["data.num_train=4096"])
     train, _ = generate_splits(params.task, params.data.num_train, params.data.num_test, params.seed)
     tokenizer = build_char_tokenizer()
-    batches = SFTBatches(train, tokenizer, BARE, params.sft, "generated", params.seed)
+    batches = SFTBatches(train, tokenizer, BARE, params.sft, "generated", params.seed, "sft")
     results: dict[str, list[tuple[float, float]]] = {"eager": [], "compiled": []}
     for _ in range(args.rounds):
         for name in results:

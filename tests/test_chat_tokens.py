@@ -129,7 +129,7 @@ def test_the_final_eos_is_trained_and_counted_when_pad_is_eos(bpe_model):
     assert len(tokenizer("<think>", add_special_tokens=False)["input_ids"]) > 1
     cfg = replace(Params().sft, batch_size=2, max_prompt_length=64, max_length=128)
     second = Example("arithmetic", "1+2=", "3", "<think>1+2=3</think><answer>3</answer>")
-    batches = SFTBatches([example, second], tokenizer, TEMPLATE, cfg, Path("train"), 0)
+    batches = SFTBatches([example, second], tokenizer, TEMPLATE, cfg, Path("train"), 0, "sft")
     batch = batches[0]
     for row in range(2):
         ids, mask = batch["input_ids"][row], batch["loss_mask"][row]

@@ -169,6 +169,16 @@ def test_rl_prompts_over_the_prompt_bound_are_refused_naming_file_line_and_key(p
     assert not Path("artifacts/grpo_zero").exists() and not Path(".alignflow").exists()
 
 
+def test_a_cold_start_prompt_over_its_own_bound_names_the_key_the_stage_reads(project, capsys):
+    """sft_cold reads sft_cold.max_prompt_length; its error named sft.max_prompt_length, which does not move it."""
+    assert main(["stage", "data"]) == 0 and main(["stage", "base"]) == 0
+    capsys.readouterr()
+    assert main(["stage", "sft_cold", "sft_cold.max_prompt_length=4"]) == 2
+    error = capsys.readouterr().err
+    assert "artifacts/data/train.jsonl:1: prompt is" in error and "over sft_cold.max_prompt_length=4" in error, error
+    assert not Path("artifacts/sft_cold").exists()
+
+
 def test_a_reward_module_that_raises_on_import_is_named_when_params_load(project, capsys):
     """Defect 4: a reward module raising on import showed a raw traceback, and only when the RL stage started."""
     Path("broken_reward.py").write_text("raise RuntimeError('no GPU found')\ndef f(batch):\n    return []\n")

@@ -61,7 +61,10 @@ def test_a_task_module_that_cannot_serve_is_refused_naming_the_key(project, caps
         capsys.readouterr().err
     )
     assert main(["stage", "data", "task.name=partial_task"]) == 2
-    assert "task.name: the task module 'partial_task' lacks difficulty()" in capsys.readouterr().err
+    assert "task.name: the task module 'partial_task' lacks difficulty() (docs/tasks.md" in capsys.readouterr().err
+    (project / "unverified_task.py").write_text("def difficulty(example):\n    return 'any'\n")
+    assert main(["stage", "data", "task.name=unverified_task"]) == 2  # eval would have failed at its first row
+    assert "task.name: the task module 'unverified_task' lacks score(), the verifier" in capsys.readouterr().err
     assert main(["stage", "data", WORD_PROBLEMS.replace("examples.", "no_such_package.")]) == 2
     assert "does not import (ModuleNotFoundError" in capsys.readouterr().err
     assert not (project / "artifacts").exists()

@@ -32,7 +32,7 @@ from tasks.common.config import (
 )
 from tasks.common.config.fields import schema_fields
 from tasks.common.registry import model_kinds, param_reference, param_value
-from tasks.common.training_rules import training_errors
+from tasks.common.training_rules import runs_on_gpu, training_errors
 from tasks.data.datasets import is_shard_of, shard_files
 from tasks.stages.kinds import stage_kinds
 
@@ -136,7 +136,7 @@ def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
                 yield f"{name}.{key}.{reward}: the weight must be a finite number, got {weight}"
     import torch
 
-    on_gpu = params.device == "cuda" or (params.device == "auto" and torch.cuda.is_available())
+    on_gpu = runs_on_gpu(params.device)
     if not on_gpu and cfg.vllm.sleep_mode:
         yield f"{name}.vllm.sleep_mode: vLLM sleeps on a GPU only (device: cuda); false on a CPU"
     if not on_gpu and cfg.vllm.tensor_parallel_size > 1:
@@ -208,6 +208,11 @@ def _task_errors(params: Params) -> Iterator[str]:
     except TaskError as error:
         yield str(error)
         return
+    if not callable(getattr(module, "score", None)):  # a general row of no task may lack one; the task may not
+        yield (
+            f"task.name: the task module {params.task.name!r} lacks score(), the verifier eval and the RL rewards "
+            "grade responses with (docs/tasks.md)"
+        )
     if not callable(getattr(module, "generate", None)):
         for key in ("train_file", "test_file"):
             if getattr(params.data, key) is None:

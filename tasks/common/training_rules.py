@@ -41,11 +41,17 @@ def _section_errors(name: str, cfg: ModelTrainingConfig, params: Params) -> Iter
         )
 
 
-def _device_runs_bf16(device: str) -> bool:
+def runs_on_gpu(device: str) -> bool:
+    """Whether params' ``device`` means a GPU: ``cuda``, or ``auto`` where one is visible."""
     import torch  # imported only when params are checked
 
-    on_gpu = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    return not on_gpu or not torch.cuda.is_available() or torch.cuda.is_bf16_supported()
+    return device == "cuda" or (device == "auto" and torch.cuda.is_available())
+
+
+def _device_runs_bf16(device: str) -> bool:
+    import torch
+
+    return not runs_on_gpu(device) or not torch.cuda.is_available() or torch.cuda.is_bf16_supported()
 
 
 def linear_layers(base: BaseConfig) -> frozenset[str] | None:

@@ -28,7 +28,8 @@ from tasks.rl.sequences import finished_response_ids
 
 
 class SFTBatches:
-    """Tokenised (prompt, response) pairs served as padded batches in a seeded per-epoch order."""
+    """Tokenised (prompt, response) pairs served as padded batches in a seeded per-epoch order; a row over
+    ``cfg``'s lengths is an error naming its params ``section`` (``sft_cold.max_length``)."""
 
     def __init__(
         self,
@@ -38,13 +39,14 @@ class SFTBatches:
         cfg: SFTTrainingConfig,
         source: Path,
         seed: int,
+        section: str,
     ):
         self.sequences: list[tuple[list[int], int]] = []  # (token ids, prompt length)
         prompts = prompt_format.encode(tokenizer, [example.prompt for example in examples])
         for row, (example, prompt) in enumerate(zip(examples, prompts, strict=True), start=1):
             response = finished_response_ids(tokenizer, example.solution)
             too_long = [
-                f"{what} is {length} tokens, over sft.{limit}={getattr(cfg, limit)}"
+                f"{what} is {length} tokens, over {section}.{limit}={getattr(cfg, limit)}"
                 for what, length, limit in [
                     ("prompt", len(prompt), "max_prompt_length"),
                     ("prompt + solution", len(prompt) + len(response), "max_length"),
@@ -55,7 +57,9 @@ class SFTBatches:
                 raise DatasetError(f"{source}:{row}: {too_long[0]}")
             self.sequences.append((prompt + response, len(prompt)))
         if len(self.sequences) < cfg.batch_size:
-            raise DatasetError(f"{source}: {len(self.sequences)} examples, fewer than sft.batch_size={cfg.batch_size}")
+            raise DatasetError(
+                f"{source}: {len(self.sequences)} examples, fewer than {section}.batch_size={cfg.batch_size}"
+            )
         self.batch_size, self.seed, self.pad_id = cfg.batch_size, seed, tokenizer.pad_token_id
 
     # A step's batch and its token count (throughput) draw the epoch order once; the batches live as long as the stage.
@@ -107,7 +111,7 @@ def _train_rank(
     device = resolve_device(params.device)
     tokenizer = load_tokenizer(init_dir)
     examples, prompt_format = read_examples(train_file)[: cfg.num_examples], PromptFormat.of(params.task)
-    batches = SFTBatches(examples, tokenizer, prompt_format, cfg, train_file, params.seed)
+    batches = SFTBatches(examples, tokenizer, prompt_format, cfg, train_file, params.seed, stage.partition("@")[0])
     model = trainable_policy(init_dir, device, cfg)
     model.train()
     replica = data_parallel(model, cfg.parallel.strategy, rank)

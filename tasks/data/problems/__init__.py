@@ -5,8 +5,9 @@ synthetic problems) or a module of your own, by its import path from the project
 (``examples.word_problems``; docs/tasks.md). Every stage that prompts or verifies goes through it. It defines:
 
 - ``difficulty(example) -> str``: the label statistics are grouped by (required);
-- ``score(example, response) -> (well_formatted, correct)``: the verifier of a model's response; a task without
-  one is ranked by the reward model where a stage needs a choice (rejection sampling);
+- ``score(example, response) -> (well_formatted, correct)``: the verifier of a model's response, required of
+  ``task.name``'s module (eval and the RL rewards grade with it); the general rows R1's rejection sampling mixes in
+  may come from a task without one, ranked by the reward model instead;
 - ``from_row(row: dict) -> Example``: one row of your JSONL, in your own fields, as the ``Example`` every stage
   reads; a ValueError saying what is wrong names the row's ``file:line``. Without it, rows are ``Example`` rows
   (``task``, ``prompt``, ``answer``, ``solution``, ``meta``);
@@ -53,8 +54,8 @@ def task_module(name: str) -> ModuleType:
     missing = [function for function in REQUIRED if not callable(getattr(module, function, None))]
     if missing:
         raise TaskError(
-            f"task.name: the task module {name!r} lacks {', '.join(missing)}() (tasks/data/problems/__init__.py "
-            "lists what a task defines)"
+            f"task.name: the task module {name!r} lacks {', '.join(missing)}() (docs/tasks.md lists what a task "
+            "defines)"
         )
     return module
 
