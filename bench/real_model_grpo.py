@@ -17,6 +17,7 @@ pass@1 figures alone hide), and each run's sample accuracy at the sampling tempe
 
 import argparse
 import json
+import shutil
 import subprocess
 import tempfile
 import time
@@ -79,7 +80,7 @@ def main() -> None:
     if args.keep:
         print(f"project kept at {project}")
     else:
-        subprocess.run(["rm", "-rf", str(scratch)], check=True)
+        shutil.rmtree(scratch)
 
 
 if __name__ == "__main__":
