@@ -1,4 +1,5 @@
-"""Reward-model accuracy against the size of its backbone, on labels as noisy as the default and on noise-free ones.
+"""The Bradley-Terry classifier reward model's accuracy against the size of its backbone, on labels as noisy as the
+default and on noise-free ones.
 
 For each size the reward backbone is built and fine-tuned on the task (stage ``reward_backbone``), then a reward
 model is trained from it (stage ``reward_model``) on preference pairs sampled from PPO's start and labelled by the
@@ -22,6 +23,9 @@ from safetensors.torch import load_file
 # name: (hidden_size, num_layers, num_heads, intermediate_size); 96x3 is the policy's own size
 SIZES = {"64x2": (64, 2, 4, 256), "96x3": (96, 3, 4, 384), "192x6": (192, 6, 6, 768), "256x8": (256, 8, 8, 1024)}
 NOISE = {"default noise": [], "noise-free": ["preferences.judge.label_noise=0"]}
+# The Bradley-Terry classifier on a backbone of its own, as the table in docs/rlhf.md measured it.
+CLASSIFIER = ["reward_model.kind=classifier", "reward_model.backbone=reward_backbone"]
+CLASSIFIER += ["reward_model.lr=3e-4", "reward_model.epochs=4"]
 
 
 def size_overrides(name: str) -> list[str]:
@@ -63,7 +67,7 @@ def main() -> None:
             for size in args.sizes:
                 shutil.rmtree(project / "artifacts/reward_backbone")
                 shutil.copytree(backbones / size, project / "artifacts/reward_backbone")
-                seconds = timed(project, "reward_model", *overrides)
+                seconds = timed(project, "reward_model", *CLASSIFIER, *overrides)
                 accuracy = json.loads((project / "metrics/reward_model/metrics.json").read_text())["accuracy"]
                 cells = f"{'reward_model':>16} {noise:>14} {accuracy:>9.3f} {seconds:>8.0f}"
                 print(f"{size:>6} {parameters[size]:>10} {cells}", flush=True)

@@ -20,7 +20,7 @@ import yaml
 
 from flows.catalog import PIPELINES
 from flows.imports import REPO, has_code, transitive_imports
-from tasks.common.artifacts import PERF_FILE, PERF_STEPS_FILE, model_dir
+from tasks.common.artifacts import CURVE_FILE, PERF_FILE, PERF_STEPS_FILE, model_dir
 from tasks.common.config import Params
 from tasks.common.config.fields import schema_fields
 from tasks.common.registry import model_kinds, param_reference
@@ -100,8 +100,12 @@ def _entry(kind: StageKind, name: str, foreach: list[str] | str | None, target: 
     body += ["outs:", f"  - artifacts/{out}"]
     if kind.metrics:
         body += ["metrics:", f"  - metrics/{out}/metrics.json:", "      cache: false"]
-    if kind.plots:
-        body += ["plots:", f"  - metrics/{out}/plots/metrics:", "      x: step", "      cache: false"]
+    plots = [f"  - metrics/{out}/plots/metrics:", "      x: step", "      cache: false"] if kind.plots else []
+    if kind.curves:
+        plots += [f"  - metrics/{out}/{CURVE_FILE}:", "      x: sqrt_kl", "      y: [gold, proxy]"]
+        plots += ["      cache: false"]
+    if plots:
+        body += ["plots:", *plots]
     if foreach is None:
         return lines + [f"    {line}" for line in body]
     if isinstance(foreach, str):

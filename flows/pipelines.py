@@ -41,7 +41,7 @@ from flows.runner import (
     record,
     start_run,
 )
-from tasks.common.artifacts import atomic_output
+from tasks.common.artifacts import CURVE_FILE, atomic_output, metrics_dir
 from tasks.common.cluster import connect_ray, release_ray
 from tasks.common.config import Params, RunnerConfig
 from tasks.common.params import load_params
@@ -76,18 +76,33 @@ def run_stage(project: Path, stage: StageSpec, runner: RunnerConfig) -> dict[str
         logger.info(f"{stage.name} is up to date: skipped")
         produced = outputs(project, stage.name)
     metrics = stage_metrics(project, stage.name)
+    curve = project / metrics_dir(stage.name) / CURVE_FILE
     create_markdown_artifact(
         key=stage.name.replace("@", "-").replace("_", "-").lower(),
-        markdown=_stage_summary(stage.name, ran, metrics, produced),
+        markdown=_stage_summary(stage.name, ran, metrics, produced, curve.read_text() if curve.is_file() else None),
         description=f"{stage.name}: metrics and outputs",
     )
     return {"stage": stage.name, "ran": ran, "outputs": produced, "metrics": metrics}
 
 
-def _stage_summary(name: str, ran: bool, metrics: dict[str, Any], produced: dict[str, str]) -> str:
+# Rows of a gold-vs-proxy curve a stage summary shows: an RL run's has one per iteration.
+_CURVE_ROWS = 20
+
+
+def _stage_summary(
+    name: str, ran: bool, metrics: dict[str, Any], produced: dict[str, str], curve: str | None = None
+) -> str:
+    """The stage's metrics, its gold-vs-proxy curve (the TSV's text, when it writes one) and its outputs."""
     lines = [f"# {name} ({'ran' if ran else 'up to date, skipped'})", ""]
     if metrics:
         lines += ["| metric | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in metrics.items()), ""]
+    if curve:
+        header, *rows = [line.split("\t") for line in curve.splitlines()]
+        shown = rows[:: max(1, -(-len(rows) // _CURVE_ROWS))]
+        shown += [] if shown[-1] is rows[-1] else [rows[-1]]  # the run's end, where a stride would skip it
+        lines += ["Gold and proxy reward against sqrt(KL) (Gao et al., 2022):", ""]
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(row) + " |" for row in shown] + [""]
     lines += ["| output | DVC md5 |", "|---|---|", *(f"| `{path}` | `{md5}` |" for path, md5 in produced.items())]
     return "\n".join(lines)
 

@@ -87,6 +87,7 @@ TINY = [
     "ppo.max_new_tokens=48",
     "ppo.save_every=2",
     "best_of_n.n=2",
+    "best_of_n.max_n=4",
     "sft_cold.max_steps=120",
     "sft_cold.batch_size=16",
     "sft_cold.warmup_steps=5",

@@ -14,7 +14,7 @@ from tasks.data.rejection_sampling import accepted
 from tests.conftest import ENV, dvc, make_project, repro, resume_after_kill, stages_run
 
 R1_STAGES = {
-    "data", "base", "sft", "preferences", "reward_backbone", "reward_model", "sft_cold", "grpo", "rejection@1",
+    "data", "base", "sft", "preferences", "reward_model", "sft_cold", "grpo", "rejection@1",
     "sft_rs@1", "grpo_final@1",
     "eval@base", "eval@sft", "eval@sft_cold", "eval@grpo", "eval_sft_rs@1", "eval_grpo_final@1",
 }  # fmt: skip

@@ -1,5 +1,6 @@
 """Closed-form properties of the RLHF math in tasks/rl/core_algos.py."""
 
+import itertools
 import math
 
 import pytest
@@ -10,6 +11,8 @@ from hypothesis import strategies as st
 from tasks.rl.core_algos import (
     KL_ESTIMATORS,
     agg_loss,
+    best_of_n_expectation,
+    best_of_n_kl,
     bradley_terry_loss,
     clipped_value_loss,
     entropy_from_logits,
@@ -181,3 +184,37 @@ def test_whitened_values_have_zero_mean_and_unit_variance_over_real_tokens():
     real = white[mask == 1]
     assert real.mean().item() == pytest.approx(0, abs=1e-9)
     assert real.var(unbiased=False).item() == pytest.approx(1, abs=1e-6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), samples=st.integers(1, 7), ties=st.booleans())
+def test_best_of_n_expectation_is_the_mean_over_every_n_subset(seed, samples, ties):
+    """Against enumeration: each n-subset of a prompt's samples keeps its highest-proxy member (the first, on a tie)."""
+    generator = torch.Generator().manual_seed(seed)
+    proxy = torch.randn(3, samples, generator=generator, dtype=F64)
+    if ties:
+        proxy = proxy.round()
+    values = torch.randn(3, samples, generator=generator, dtype=F64)
+    for n in range(1, samples + 1):
+        expected = []
+        for row in range(3):
+            kept = []
+            for subset in itertools.combinations(range(samples), n):
+                ranked = sorted(subset, key=lambda i: (proxy[row, i].item(), i))  # ascending, stable: last wins
+                kept.append(values[row, ranked[-1]].item())
+            expected.append(sum(kept) / len(kept))
+        torch.testing.assert_close(best_of_n_expectation(proxy, values, n), torch.tensor(expected, dtype=F64))
+
+
+def test_best_of_n_ends_at_the_mean_and_the_proxys_favourite():
+    proxy, values = torch.tensor([[0.3, 2.0, -1.0, 0.7]]), torch.tensor([[1.0, 5.0, 3.0, 7.0]])
+    assert best_of_n_expectation(proxy, values, 1).item() == pytest.approx(4.0)
+    assert best_of_n_expectation(proxy, values, 4).item() == pytest.approx(5.0)
+    assert best_of_n_expectation(values, values, 2).item() >= best_of_n_expectation(proxy, values, 2).item()
+
+
+def test_best_of_n_kl_closed_form():
+    assert best_of_n_kl(1) == 0.0
+    assert best_of_n_kl(2) == pytest.approx(math.log(2) - 0.5)
+    assert best_of_n_kl(64) == pytest.approx(math.log(64) - 63 / 64)
+    assert all(best_of_n_kl(n) < best_of_n_kl(n + 1) < math.log(n + 1) for n in range(1, 100))

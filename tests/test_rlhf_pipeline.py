@@ -1,10 +1,11 @@
 """The RLHF pipeline end to end on a tiny configuration: preference data -> reward model -> PPO -> eval."""
 
 import json
+import math
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+from transformers import AutoModelForCausalLM
 
 from models import load_tokenizer
 from tasks.common.artifacts import DATA_DIR, member_dirs, model_dir
@@ -12,18 +13,19 @@ from tasks.common.params import load_params
 from tasks.data.datasets import read_examples, read_preferences
 from tasks.data.judge import gold_utility
 from tasks.data.prompts import BARE
+from tasks.rl.core_algos import best_of_n_kl
 from tasks.rl.learner import LoopState, Rollout
 from tasks.rl.placement import place
 from tasks.rl.policy_gradient import learn, needed_roles
+from tasks.rl.reward_kinds import RewardModel
 from tasks.rl.rewards import RewardScorer
-from tasks.rl.sequences import score_texts
 from tasks.rl.trainer import score
 from tests.conftest import make_project, report_json, repro, resume_after_kill, stages_run
 
 pytestmark = pytest.mark.slow
 
 RLHF_STAGES = {
-    *("data", "base", "sft", "sft_cold", "preferences", "reward_backbone", "reward_model", "best_of_n"),
+    *("data", "base", "sft", "sft_cold", "preferences", "reward_model", "best_of_n"),
     *("ppo", "ppo_verifier", "eval@base", "eval@sft", "eval@sft_cold", "eval@ppo", "eval@ppo_verifier"),
 }
 
@@ -39,28 +41,25 @@ def test_rlhf_pipeline_runs_every_stage_and_reports_reward_accuracy_and_gold_rew
     path = rlhf["path"]
     assert stages_run(rlhf["output"]) == RLHF_STAGES
     report = report_json(path)
-    stages = ["data", "base", "sft", "sft_cold", "reward_backbone", "preferences", "reward_model", "best_of_n"]
+    stages = ["data", "base", "sft", "sft_cold", "preferences", "reward_model", "best_of_n"]
     assert set(report) == {*stages, "ppo", "ppo_verifier"}
     position = {stage: index for index, stage in enumerate(report)}  # pipeline order: each after what it reads
     for before, after in [
         ("sft_cold", "preferences"),
         ("preferences", "reward_model"),
-        ("reward_backbone", "reward_model"),
+        ("sft", "reward_model"),
         ("reward_model", "best_of_n"),
         ("reward_model", "ppo"),
     ]:
         assert position[before] < position[after], (before, after)
     # The reported accuracy is the fraction of held-out pairs the reward model orders as the judge does.
-    model_path = member_dirs(path / "artifacts/reward_model")[0]
-    reward_model = AutoModelForSequenceClassification.from_pretrained(model_path)
+    reward_model = RewardModel(member_dirs(path / "artifacts/reward_model")[0], torch.device("cpu"))
     judged = [
         pair
         for pair in read_preferences(path / "artifacts/preferences/test.jsonl")
         if pair.gold_prefers_chosen is not None
     ]
-    scores = score_texts(
-        reward_model,
-        load_tokenizer(model_path),
+    scores = reward_model.score_texts(
         BARE,
         [pair.prompt for pair in judged] * 2,
         [pair.chosen for pair in judged] + [pair.rejected for pair in judged],
@@ -71,8 +70,8 @@ def test_rlhf_pipeline_runs_every_stage_and_reports_reward_accuracy_and_gold_rew
     assert "label_accuracy" in report["reward_model"]
     assert all("gold_reward" in report[model] for model in ("base", "sft", "sft_cold", "ppo", "ppo_verifier"))
     assert all("pass@1" in report[model] for model in ("sft_cold", "ppo"))
-    # Best-of-n keeps, per held-out prompt, the sample the reward model scores highest: between a random pick
-    # and the judge's own pick.
+    # Best-of-n keeps, per held-out prompt, the sample the reward model scores highest of max_n: its gold reward is
+    # the curve's last point; at every n the reward model's pick lies between a random one and the judge's own.
     best_of_n = report["best_of_n"]
     examples = {e.prompt: e for e in read_examples(path / "artifacts/data/test.jsonl")}
     kept = [json.loads(line) for line in (path / "artifacts/best_of_n/kept.jsonl").read_text().splitlines()]
@@ -80,8 +79,20 @@ def test_rlhf_pipeline_runs_every_stage_and_reports_reward_accuracy_and_gold_rew
     assert all(
         row["gold"] == pytest.approx(gold_utility(examples[row["prompt"]], row["response"]), abs=1e-6) for row in kept
     )
-    assert best_of_n["gold_reward@bon2"] == pytest.approx(sum(row["gold"] for row in kept) / len(kept), abs=1e-5)
+    curve = _curve(path / "metrics/best_of_n/gold_vs_proxy.tsv")
+    assert [row["n"] for row in curve] == [1, 2, 4]
+    assert [row["sqrt_kl"] for row in curve] == pytest.approx([math.sqrt(best_of_n_kl(n)) for n in (1, 2, 4)], abs=1e-5)
+    assert curve[-1]["gold"] == pytest.approx(sum(row["gold"] for row in kept) / len(kept), abs=1e-5)
+    assert all(curve[0]["gold"] - 1e-6 <= row["oracle"] and row["gold"] <= row["oracle"] + 1e-6 for row in curve)
+    assert best_of_n["gold_reward@bon2"] == pytest.approx(curve[1]["gold"], abs=1e-5)
     assert best_of_n["gold_reward@oracle2"] >= best_of_n["gold_reward@bon2"]
+    assert best_of_n["bon_gain@2"] == pytest.approx(best_of_n["gold_reward@bon2"] - best_of_n["gold_reward"], abs=1e-5)
+    assert best_of_n["peak_gold_reward"] == pytest.approx(max(row["gold"] for row in curve), abs=1e-5)
+    assert "bon_recovered@2" in best_of_n and "peak_sqrt_kl" in best_of_n
+    # PPO's curve: the KL to the reference and the rollouts' gold and reward-model scores, iteration by iteration.
+    ppo_curve = _curve(path / "metrics/ppo/gold_vs_proxy.tsv")
+    assert [row["step"] for row in ppo_curve] == [1, 2, 3, 4]
+    assert report["ppo"]["peak_gold_reward"] == pytest.approx(max(row["gold"] for row in ppo_curve), abs=1e-5)
     ppo = report["ppo"]
     for name in (
         "kl",
@@ -97,9 +108,16 @@ def test_rlhf_pipeline_runs_every_stage_and_reports_reward_accuracy_and_gold_rew
     # Every pair is valid preference JSONL and carries the judge's utilities.
     pairs = read_preferences(path / "artifacts/preferences/train.jsonl")
     assert pairs and all(pair.gold_prefers_chosen is not None for pair in pairs)
-    # Artifacts are Hugging Face directories: the reward model as a sequence scorer, the policy as a causal LM.
-    AutoModelForSequenceClassification.from_pretrained(path / "artifacts/reward_model/member-0")
+    # Artifacts are Hugging Face directories: the reward model (the default kind: a causal LM) beside its scoring
+    # rule, the policy.
+    AutoModelForCausalLM.from_pretrained(path / "artifacts/reward_model/member-0")
+    assert json.loads((path / "artifacts/reward_model/scoring.json").read_text())["kind"] == "simpo"
     AutoModelForCausalLM.from_pretrained(path / "artifacts/ppo")
+
+
+def _curve(path) -> list[dict[str, float]]:
+    header, *rows = [line.split("\t") for line in path.read_text().splitlines()]
+    return [dict(zip(header, map(float, row), strict=True)) for row in rows]
 
 
 def _frozen_and_moved(path, overrides: list[str], monkeypatch) -> None:

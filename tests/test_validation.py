@@ -62,7 +62,27 @@ MALFORMED_CONFIGS = [
     (["colour=blue"], "override: colour: unknown key"),
     (["ppo.rollout_backend=vllm", "device=cpu"], "base.num_heads: ppo.rollout_backend=vllm on CPU needs a head size"),
     (["ppo.kl_target=0"], "ppo.kl_target: must be > 0"),
-    (["ppo.reward_ensemble=max"], "ppo.reward_ensemble: must be one of"),
+    (["ppo.reward_ensemble=max"], "ppo.reward_ensemble: must be one of mean, min, mean_minus_std, got 'max'"),
+    (["grpo_final.reward_ensemble_std_coef=-0.5"], "grpo_final.reward_ensemble_std_coef: must be >= 0, got -0.5"),
+    (["reward_model.kind=ranker"], "reward_model.kind: must be one of classifier, grm, generative, likelihood, simpo"),
+    (
+        ["reward_model.kind=generative", "reward_model.verdict_token=Correct"],
+        "reward_model.verdict_token: 'Correct' is 7 tokens for this tokenizer, not one (reward_model.backbone=sft)",
+    ),
+    (
+        ["reward_model.kind=implicit"],
+        "reward_model.kind: implicit scores beta log pi/pi_ref and needs a backbone trained against a reference by a "
+        "preference loss (dpo, online_dpo); reward_model.backbone=sft has no reference upstream",
+    ),
+    (
+        ["reward_model.kind=implicit", "reward_model.backbone=dpo", "dpo.preference_loss=simpo"],
+        "reward_model.backbone=dpo has no reference upstream",
+    ),
+    (
+        ["reward_model.kind=likelihood", "reward_model.ensemble_size=3"],
+        "reward_model.ensemble_size: the likelihood kind trains nothing",
+    ),
+    (["best_of_n.n=32", "best_of_n.max_n=16"], "best_of_n.n: must be <= best_of_n.max_n (16), got 32"),
     (["preferences.samples_per_prompt=1"], "preferences.samples_per_prompt: must be >= 2"),
     (["preferences.train_file=missing.jsonl"], "preferences.train_file: no file"),
     (["sft.lr=inf"], "sft.lr: must be a finite number, got inf"),

@@ -65,6 +65,8 @@ def metrics_dir(stage: str) -> Path:
 # Beside a stage's metrics, the wall-clock numbers of a stage that trains (throughput, MFU, seconds per step) and
 # of each of its steps: not outputs, as they differ run to run and dvc.lock hashes a stage's outputs.
 PERF_FILE, PERF_STEPS_FILE = "perf.json", "perf_steps.tsv"
+# Beside the metrics of a stage that optimises a reward model's score: gold and proxy reward against sqrt(KL).
+CURVE_FILE = "gold_vs_proxy.tsv"
 
 
 def member_dirs(root: Path = REWARD_MODEL_DIR) -> list[Path]:

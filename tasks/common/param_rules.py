@@ -160,6 +160,42 @@ def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
             )
 
 
+def _tokenizer_of(model: str, params: Params):
+    """The tokenizer of the model named ``model``, before it exists: every model of the DAG has the base model's,
+    or (a reward backbone's lineage) the built-in one."""
+    from models import build_char_tokenizer, load_tokenizer
+
+    from_base = "base" in _trained_from(model, params) and params.base.model_path is not None
+    return load_tokenizer(params.base.model_path) if from_base else build_char_tokenizer()
+
+
+def _reward_model_errors(params: Params) -> Iterator[str]:
+    """A reward-model kind's needs: a reference upstream (implicit), a one-token verdict (generative), and more
+    than one member only where members differ (a kind that trains)."""
+    from tasks.rl.reward_kinds import REWARD_KINDS, Scoring, implicit_reference, verdict_id
+
+    cfg = params.reward_model
+    kind = REWARD_KINDS.get(cfg.kind)  # an unknown name is reported by its field
+    if kind is None:
+        return
+    if not kind.trains and cfg.ensemble_size > 1:
+        yield (
+            f"reward_model.ensemble_size: the {cfg.kind} kind trains nothing, so its members would be one model "
+            f"repeated; 1, got {cfg.ensemble_size}"
+        )
+    if kind.needs_reference and implicit_reference(params, cfg.backbone) is None:
+        yield (
+            f"reward_model.kind: {cfg.kind} scores beta log pi/pi_ref and needs a backbone trained against a "
+            f"reference by a preference loss (dpo, online_dpo); reward_model.backbone={cfg.backbone} has no reference "
+            "upstream"
+        )
+    if kind.suffix and (params.base.model_path is None or source_error(params.base.model_path) is None):
+        try:
+            verdict_id(_tokenizer_of(cfg.backbone, params), Scoring(cfg.kind, cfg.verdict_suffix, cfg.verdict_token))
+        except ValueError as error:
+            yield f"{error} (reward_model.backbone={cfg.backbone})"
+
+
 def _distill_errors(params: Params, longest: int) -> Iterator[str]:
     """On-policy distillation's knobs that only make sense together, and the student's size or tokenizer."""
     from tasks.rl import core_algos, distill_losses  # torch: imported only when params are checked
@@ -186,12 +222,9 @@ def _distill_errors(params: Params, longest: int) -> Iterator[str]:
     if not (Path(student.model_path) / "config.json").is_file():
         yield f"student_base.model_path: {student.model_path!r} is not a Hugging Face model directory"
         return
-    from models import build_char_tokenizer, load_tokenizer, vocabulary_mismatch
+    from models import load_tokenizer, vocabulary_mismatch
 
-    # every model of the DAG has the base model's tokenizer, or (a reward backbone's lineage) the built-in one
-    from_base = "base" in _trained_from(cfg.teacher, params) and params.base.model_path is not None
-    teacher_tokenizer = load_tokenizer(params.base.model_path) if from_base else build_char_tokenizer()
-    mismatch = vocabulary_mismatch(load_tokenizer(student.model_path), teacher_tokenizer)
+    mismatch = vocabulary_mismatch(load_tokenizer(student.model_path), _tokenizer_of(cfg.teacher, params))
     if mismatch is not None:
         yield (
             f"student_base.model_path: the tokenizer of {student.model_path!r} is not the teacher's "
@@ -281,6 +314,9 @@ def cross_field_errors(params: Params) -> Iterator[str]:
         yield f"task.chat_template: 'always' needs a chat template, and the base model ({model}) has none (auto, never)"
     backbone = params.reward_backbone
     yield from _size_errors("reward_backbone", backbone, max(longest, backbone.max_length))
+    yield from _reward_model_errors(params)
+    if params.best_of_n.n > params.best_of_n.max_n:
+        yield f"best_of_n.n: must be <= best_of_n.max_n ({params.best_of_n.max_n}), got {params.best_of_n.n}"
     yield from _distill_errors(params, max(longest, params.sft.max_prompt_length + params.distill.max_new_tokens))
     yield from _user_data_errors(params)
     preference_files = {

@@ -59,6 +59,7 @@ from tasks.data.judge import gold_utility
 from tasks.data.problems import Example, score_response
 from tasks.data.prompts import PromptFormat
 from tasks.rl.core_algos import adaptive_kl_coef, informative_groups
+from tasks.rl.gold_vs_proxy import peak, rl_curve, write_curve
 from tasks.rl.learner import Learner, LoopState, Rollout, RunningMoments
 from tasks.rl.placement import Roles, placed
 from tasks.rl.policy_gradient import POLICY_GRADIENT
@@ -314,6 +315,11 @@ def train(
             if name in final:
                 live.summary[name] = final[name]
         live.summary["kl_budget"] = cfg.kl_budget
+        # gold and proxy against √KL, the proxy being the reward model's score where it is one of the rewards
+        curve = rl_curve(state.history, f"rewards/{REWARD_MODEL}" if REWARD_MODEL in cfg.rewards else "reward")
+        if curve:
+            write_curve(Path(live.dir), curve)
+            live.summary.update(peak(curve))
         if heldout:
             live.summary["dip"], live.summary["recovery_iterations"] = dip_and_recovery(state.history)
         live.make_summary()

@@ -15,6 +15,7 @@ are its; what a minibatch minimises is the ``ActorLoss`` the learner hands it (`
 """
 
 import copy
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +29,6 @@ from transformers import PreTrainedModel
 from models import (
     load_critic,
     load_reference,
-    load_reward_model,
     load_tokenizer,
     resolve_device,
     vocabulary_mismatch,
@@ -54,8 +54,9 @@ from tasks.common.training import (
     set_rng_state,
 )
 from tasks.data.prompts import PromptFormat
-from tasks.rl.core_algos import clipped_value_loss
-from tasks.rl.sequences import PackedBatch, response_logprobs, score_sequences, score_texts, shared_prompt_logits
+from tasks.rl.core_algos import REWARD_ENSEMBLES, clipped_value_loss
+from tasks.rl.reward_kinds import RewardModel
+from tasks.rl.sequences import PackedBatch, response_logprobs, shared_prompt_logits
 from tasks.rollout.engine import Completion, Sampling
 from tasks.rollout.engine_group import make_engine, rollout_sampling
 from tasks.rollout.hf_engine import HFEngine
@@ -408,39 +409,33 @@ class FrozenWorker:
 
 
 class RewardWorker:
-    """The reward model (an ensemble's members, combined by ``reward_ensemble``) scoring sampled responses. A member
-    that reads the policy's vocabulary scores exactly the token ids the engine read and sampled (with a BPE
-    tokenizer, decoding and re-encoding them need not give them back); one with a vocabulary of its own (a reward
-    backbone's) reads the text."""
+    """The reward model (an ensemble's members, combined by ``reward_ensemble``) scoring sampled responses, each
+    member by its kind's rule (``tasks/rl/reward_kinds.py``). A member that reads the policy's vocabulary scores
+    exactly the token ids the engine read and sampled (with a BPE tokenizer, decoding and re-encoding them need not
+    give them back); one with a vocabulary of its own (a reward backbone's) reads the text."""
 
     def __init__(self, params: Params, cfg: RLConfig, member_dirs: list[Path], policy_dir: Path):
         device, policy_tokenizer = resolve_device(params.device), load_tokenizer(policy_dir)
         self.members = []
         for path in member_dirs:
-            tokenizer = load_tokenizer(path)
-            same_ids = vocabulary_mismatch(tokenizer, policy_tokenizer) is None
-            model = load_reward_model(path, device, dtype=compute_dtype(cfg.precision))
-            self.members.append((model, tokenizer, same_ids))
-        self.combine, self.batch_size = cfg.reward_ensemble, params.eval.batch_size
-        self.prompt_format = PromptFormat.of(params.task)
+            member = RewardModel(path, device, dtype=compute_dtype(cfg.precision))
+            self.members.append((member, vocabulary_mismatch(member.tokenizer, policy_tokenizer) is None))
+        self.combine = functools.partial(REWARD_ENSEMBLES[cfg.reward_ensemble], std_coef=cfg.reward_ensemble_std_coef)
+        self.batch_size, self.prompt_format = params.eval.batch_size, PromptFormat.of(params.task)
 
     def score(self, prompts: list[str], completions: list[Completion]) -> torch.Tensor:
         """Each completion's score, as a finished response (a truncated one ends with end-of-sequence here)."""
-        texts = [c.text for c in completions]
         scores = []
-        for model, tokenizer, same_ids in self.members:
+        for member, same_ids in self.members:
             if not same_ids:
-                scores.append(score_texts(model, tokenizer, self.prompt_format, prompts, texts, self.batch_size))
+                texts = [c.text for c in completions]
+                scores.append(member.score_texts(self.prompt_format, prompts, texts, self.batch_size))
                 continue
-            finished = [c.token_ids + [tokenizer.eos_token_id] * c.truncated for c in completions]
-            prompt_ids = [c.prompt_ids for c in completions]
-            scores.append(score_sequences(model, prompt_ids, finished, tokenizer.pad_token_id, self.batch_size))
-        stacked = torch.stack(scores)
-        return stacked.mean(0) if self.combine == "mean" else stacked.min(0).values
+            eos = member.tokenizer.eos_token_id
+            finished = [c.token_ids + [eos] * c.truncated for c in completions]
+            scores.append(member.score_ids([c.prompt_ids for c in completions], finished, self.batch_size))
+        return self.combine(torch.stack(scores))
 
     def weights(self) -> dict[str, torch.Tensor]:
-        return {
-            f"{index}.{name}": tensor.cpu()
-            for index, (model, *_) in enumerate(self.members)
-            for name, tensor in model.state_dict().items()
-        }
+        members = enumerate(member for member, _ in self.members)
+        return {f"{index}.{name}": tensor for index, member in members for name, tensor in member.weights().items()}

@@ -51,6 +51,11 @@ class StageKind:
     user_data: bool = Field(False, description="Reads your JSONL under data/ (a dvc.yaml dependency).")
     metrics: bool = Field(True, description="Logs metrics/<stage>/metrics.json (dvclive).")
     plots: bool = Field(False, description="Logs a training curve (dvclive plots) beside its metrics.")
+    curves: bool = Field(
+        False,
+        description="Writes the gold-vs-proxy curve beside its metrics (tasks/rl/gold_vs_proxy.py: gold and proxy "
+        "reward against sqrt(KL)), a plot of its own in dvc.yaml.",
+    )
     perf: Literal["run", "steps"] | None = Field(
         None,
         description="Wall-clock numbers it writes, neither an output so that the lock stays put: 'run', "

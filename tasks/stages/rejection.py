@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from models import load_tokenizer, resolve_device
+from models import resolve_device
 from tasks.common.artifacts import atomic_output, member_dirs, stage_dir
 from tasks.common.config import Params
 from tasks.common.registry import StageRun
@@ -22,20 +22,17 @@ from tasks.data.datasets import read_examples, write_jsonl
 from tasks.data.problems import Example
 from tasks.data.prompts import PromptFormat
 from tasks.data.rejection_sampling import Ranker, has_verifier, sample_and_verify
-from tasks.rl.sequences import score_texts
+from tasks.rl.reward_kinds import RewardModel
 
 
 def _reward_model_ranker(params: Params, reward_model: Path) -> Ranker:
     """Scores texts with the first RLHF reward model; loaded only when a task has no verifier."""
-    from models import load_reward_model
-
     (first, *_) = member_dirs(reward_model)
-    model, tokenizer = load_reward_model(first, resolve_device(params.device)), load_tokenizer(first)
+    member, prompt_format = RewardModel(first, resolve_device(params.device)), PromptFormat.of(params.task)
 
     def rank(example: Example, responses: list[str]) -> list[float]:
         prompts = [example.prompt] * len(responses)
-        prompt_format = PromptFormat.of(params.task)
-        return score_texts(model, tokenizer, prompt_format, prompts, responses, params.eval.batch_size).tolist()
+        return member.score_texts(prompt_format, prompts, responses, params.eval.batch_size).tolist()
 
     return rank
 

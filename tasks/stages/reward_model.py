@@ -1,12 +1,14 @@
-"""Stage `reward_model`: Bradley–Terry reward models on the preference pairs, the SFT backbone plus a scalar head.
+"""Stage `reward_model`: reward models on the preference pairs, of the kind ``reward_model.kind`` names.
 
-Loss −log σ(r_chosen − r_rejected) (``core_algos.bradley_terry_loss``); the score is read
-at the last token of prompt + response + end-of-sequence. ``reward_model.ensemble_size`` models
-are trained from different seeds (head initialisation and batch order) and saved as
-``artifacts/reward_model/member-<i>``, each a Hugging Face directory; PPO combines their scores. Each
-member trains in ``tasks/common/training.py:fit``, the loop SFT and DPO run: a checkpoint every
-``save_every`` steps, and one of each finished member until the stage's output is written, so a run killed
-in any member resumes there, to the weights an uninterrupted run gives.
+The kinds and their score functions are ``tasks/rl/reward_kinds.py``. A kind that trains starts from
+``reward_model.backbone`` and minimises the Bradley–Terry loss −log σ(r_chosen − r_rejected) on its score, plus
+``lm_coef`` × the chosen responses' token NLL where it reads an LM head; ``reward_model.ensemble_size`` members are
+trained from different seeds (head initialisation and batch order) and saved as ``artifacts/reward_model/member-<i>``,
+each a Hugging Face directory; the consumers combine their scores. Each member trains in
+``tasks/common/training.py:fit``, the loop SFT and DPO run: a checkpoint every ``save_every`` steps, and one of each
+finished member until the stage's output is written, so a run killed in any member resumes there, to the weights an
+uninterrupted run gives. A kind that does not train (likelihood, implicit) saves its backbone as it is (and the
+implicit kind the backbone's reference beside it). ``scoring.json`` holds the scoring rule.
 
 Held-out metrics are for the ensemble's mean score: ``accuracy`` against the gold judge's
 noise-free order, ``label_accuracy`` against the held-out labels as given, the mean
@@ -14,34 +16,45 @@ margin r_better − r_worse, and the mean reward of chosen and of rejected respo
 """
 
 import functools
+import shutil
+import time
 from pathlib import Path
 
 import torch
 
-from models import load_reward_model, load_tokenizer, resolve_device
+from models import load_policy, load_reward_model, load_tokenizer, resolve_device
 from models.trainable import prepared_for_training, weights_dtype
-from tasks.common.artifacts import REWARD_MODEL_DIR, atomic_output
+from tasks.common.artifacts import REWARD_MODEL_DIR, atomic_output, member_dirs, model_dir
 from tasks.common.config import OptimizationConfig, Params, RewardModelConfig, to_dict
-from tasks.common.distributed import Rank, data_parallel, run_data_parallel
+from tasks.common.distributed import Rank, data_parallel_step, run_data_parallel
 from tasks.common.registry import StageRun
 from tasks.common.tracking import log_step, stage_live
 from tasks.common.training import Checkpointer, epoch_batch, fit, make_deterministic, save_trained
 from tasks.data.datasets import PreferencePair, read_preferences
 from tasks.data.judge import preference_metrics
 from tasks.data.prompts import PromptFormat
-from tasks.rl.core_algos import bradley_terry_loss
-from tasks.rl.sequences import pack_text
+from tasks.rl.core_algos import bradley_terry_loss, masked_mean
+from tasks.rl.reward_kinds import (
+    REFERENCE_DIR,
+    REWARD_KINDS,
+    Frozen,
+    RewardModel,
+    Scoring,
+    implicit_reference,
+    pack_scored,
+)
+from tasks.rl.sequences import finished_response_ids
 
 
-def _pair_scores(
-    model: torch.nn.Module, tokenizer, prompt_format: PromptFormat, pairs: list[PreferencePair], device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scores of chosen and rejected responses, computed in one forward pass."""
-    prompts = [p.prompt for p in pairs] * 2
-    responses = [p.chosen for p in pairs] + [p.rejected for p in pairs]
-    batch = pack_text(tokenizer, prompt_format, prompts, responses).to(device)
-    scores = model(**batch.model_inputs()).logits.squeeze(-1).float()
-    return scores[: len(pairs)], scores[len(pairs) :]
+def scoring_rule(params: Params, cfg: RewardModelConfig) -> Scoring:
+    """The scoring rule ``cfg`` asks for (for the implicit kind, with the β its backbone was trained with)."""
+    entry, reference = REWARD_KINDS[cfg.kind], implicit_reference(params, cfg.backbone)
+    return Scoring(
+        cfg.kind,
+        verdict_suffix=cfg.verdict_suffix if entry.suffix else "",
+        verdict_token=cfg.verdict_token if entry.suffix else "",
+        beta=reference[1] if entry.needs_reference and reference is not None else 1.0,
+    )
 
 
 def _member_schedule(cfg: RewardModelConfig, num_pairs: int) -> OptimizationConfig:
@@ -89,23 +102,58 @@ def _train_member_rank(
     pairs (an equal share of each batch: the mean of the ranks' Bradley-Terry losses is the batch's)."""
     make_deterministic(seed)
     tokenizer, prompt_format = load_tokenizer(backbone), PromptFormat.of(params.task)
-    device = resolve_device(params.device)
-    model = load_reward_model(backbone, device, trainable=True, dtype=weights_dtype(cfg.precision))
-    model.config.pad_token_id = tokenizer.pad_token_id  # the score is read at the last non-pad token
+    device, entry, scoring = resolve_device(params.device), REWARD_KINDS[cfg.kind], scoring_rule(params, cfg)
+    frozen = Frozen(scoring)
+    if entry.lm_loss and entry.head == "classifier":  # grm: the backbone's own LM head reads the hidden states
+        frozen.lm_head = load_policy(backbone, device).get_output_embeddings().weight.detach().clone()
+    if entry.head == "classifier":
+        model = load_reward_model(backbone, device, trainable=True, dtype=weights_dtype(cfg.precision))
+    else:
+        model = load_policy(backbone, device, weights_dtype(cfg.precision))
+    model.config.pad_token_id = tokenizer.pad_token_id  # a classifier reads its score at the last non-pad token
     model = prepared_for_training(model, cfg)
     model.train()
-    replica = data_parallel(model, cfg.parallel.strategy, rank)
+    replica = data_parallel_step(
+        model, functools.partial(_kind_step, entry.function, frozen), cfg.parallel.strategy, rank
+    )
 
     def step_metrics(step: int) -> dict[str, torch.Tensor]:
         batch = [pairs[i] for i in epoch_batch(len(pairs), cfg.batch_size, step, seed)][rank.slice(cfg.batch_size)]
-        chosen, rejected = _pair_scores(replica, tokenizer, prompt_format, batch, device)
-        return {"loss": bradley_terry_loss(chosen, rejected), "accuracy": (chosen > rejected).float().mean()}
+        prompts = prompt_format.encode(tokenizer, [p.prompt for p in batch]) * 2
+        finished = [
+            finished_response_ids(tokenizer, r) for r in [p.chosen for p in batch] + [p.rejected for p in batch]
+        ]
+        packed, mask = pack_scored(tokenizer, scoring, prompts, finished)
+        scores, lm_logprobs = replica(packed.to(device), mask.to(device))
+        chosen, rejected = scores[: len(batch)], scores[len(batch) :]
+        metrics = {"loss": bradley_terry_loss(chosen, rejected), "accuracy": (chosen > rejected).float().mean()}
+        if entry.lm_loss and cfg.lm_coef > 0:
+            metrics["lm_loss"] = -masked_mean(lm_logprobs[: len(batch)], mask[: len(batch)].to(device))
+            metrics["loss"] = metrics["loss"] + cfg.lm_coef * metrics["lm_loss"]
+        return metrics
 
     schedule = _member_schedule(cfg, len(pairs))
     # The stage logs each member's history under the member's name once it is trained: no live here.
     history = fit(f"reward_model {out.name}", model, schedule, step_metrics, checkpointer, None, rank, keep_final=True)
     save_trained(model, tokenizer, out, rank)
     return history
+
+
+def _kind_step(
+    function, frozen: Frozen, model: torch.nn.Module, batch, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The kind's forward pass as a data-parallel step: (scores, LM log-probs of the response tokens)."""
+    out = function(model, batch, mask, frozen)
+    return out.scores, out.lm_logprobs
+
+
+def _held_out_scores(params: Params, member: Path, pairs: list[PreferencePair]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One member's scores of the chosen and the rejected responses of ``pairs``."""
+    reward_model = RewardModel(member, resolve_device(params.device))
+    prompts = [p.prompt for p in pairs] * 2
+    responses = [p.chosen for p in pairs] + [p.rejected for p in pairs]
+    scores = reward_model.score_texts(PromptFormat.of(params.task), prompts, responses, params.eval.batch_size)
+    return scores[: len(pairs)], scores[len(pairs) :]
 
 
 def run(stage: StageRun) -> None:
@@ -116,29 +164,33 @@ def run(stage: StageRun) -> None:
         raise ValueError(
             f"reward_model: {len(train_pairs)} training pairs, fewer than reward_model.batch_size={cfg.batch_size}"
         )
-    backbone = inputs["backbone"]
+    backbone, entry = inputs["backbone"], REWARD_KINDS[cfg.kind]
     config = {"stage": "reward_model", "seed": params.seed, **to_dict(cfg)}
     checkpointer = Checkpointer("reward_model", config, [backbone, inputs["preferences"]])
     with atomic_output(REWARD_MODEL_DIR) as out, stage_live("reward_model") as live:
         out.mkdir()
-        held_out = []
-        device = resolve_device(params.device)
-        for member in range(cfg.ensemble_size):
+        scoring_rule(params, cfg).save(out)
+        started = time.perf_counter()
+        if not entry.trains:
+            shutil.copytree(backbone, out / "member-0")
+        if entry.needs_reference:
+            shutil.copytree(model_dir(implicit_reference(params, cfg.backbone)[0]), out / REFERENCE_DIR)
+        for member in range(cfg.ensemble_size if entry.trains else 0):
             member_dir = out / f"member-{member}"
             part = checkpointer.part(member_dir.name)
             history = train_member(params, cfg, backbone, params.seed + member, train_pairs, member_dir, part)
             for step, metrics in history:
                 log_step(live, step, metrics, prefix=f"{member_dir.name}/train/")
-            model = load_reward_model(member_dir, device)
-            with torch.no_grad():
-                scores = _pair_scores(
-                    model, load_tokenizer(member_dir), PromptFormat.of(params.task), test_pairs, device
-                )
-                held_out.append(scores)
+        train_seconds = time.perf_counter() - started
+        held_out = [_held_out_scores(params, member, test_pairs) for member in member_dirs(out)]
         chosen = torch.stack([c for c, _ in held_out]).mean(0)
         rejected = torch.stack([r for _, r in held_out]).mean(0)
         metrics = preference_metrics(chosen, rejected, test_pairs)
         for name, value in metrics.items():
             live.log_metric(name, round(value, 6), plot=False)
     checkpointer.clear()
-    print("reward_model: " + ", ".join(f"{name}={value:.3f}" for name, value in metrics.items()), flush=True)
+    print(
+        f"reward_model ({cfg.kind}, {train_seconds:.0f} s): "
+        + ", ".join(f"{name}={value:.3f}" for name, value in metrics.items()),
+        flush=True,
+    )

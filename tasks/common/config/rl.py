@@ -108,8 +108,13 @@ class RLConfig(SamplingConfig, ModelTrainingConfig):
     )
     reward_normalize: bool = param(True, "Scale the summed reward by its running mean and std.")
     reward_clip: float | None = param(5.0, "Clip the (normalised) reward to +-this; null: no clipping.", gt=0)
-    reward_ensemble: Annotated[str, OneOf(("mean", "min"))] = param(
-        "mean", "How a reward-model ensemble's scores combine."
+    reward_ensemble: Annotated[str, OneOf(registry="tasks.rl.core_algos:REWARD_ENSEMBLES")] = param(
+        "mean",
+        "How a reward-model ensemble's scores combine: mean, min (worst case), or mean_minus_std (mean - "
+        "reward_ensemble_std_coef x std: uncertainty-weighted, Coste et al. 2024).",
+    )
+    reward_ensemble_std_coef: float = param(
+        1.0, "lambda of mean_minus_std: how much the members' disagreement costs a response.", ge=0
     )
     reward_timeout_seconds: float = param(30.0, "Time budget of one reward function on one batch.", gt=0)
     reward_failure_warning: float = param(

@@ -250,12 +250,37 @@ class PreferencesConfig(SamplingConfig):
 
 @schema_section
 class RewardModelConfig(AdamWConfig):
+    """A reward model on the preference pairs, of the kind ``kind`` names (``tasks/rl/reward_kinds.py``)."""
+
+    kind: Annotated[str, OneOf(registry="tasks.rl.reward_kinds:REWARD_KINDS")] = param(
+        "simpo",
+        "How the model scores a response: simpo (the backbone's mean token log-prob, trained on the pairs: it starts "
+        "from what the backbone knows), classifier (a Bradley-Terry scalar head), grm (the head with an LM loss that "
+        "keeps the hidden states predicting text), generative (log p(verdict_token) after verdict_suffix), "
+        "likelihood (the backbone's mean token log-prob, untrained: the baseline) or implicit (beta log pi/pi_ref "
+        "of a backbone trained against a reference: dpo).",
+    )
+    lm_coef: float = param(
+        1.0,
+        "simpo, grm and generative: weight of the chosen responses' LM loss beside the Bradley-Terry loss; it keeps "
+        "what the backbone knows about likely answers, which a pairwise loss alone on a few thousand pairs erodes.",
+        ge=0,
+    )
+    verdict_suffix: str = param(
+        " Correct? ", "generative: the question asked after the finished response, before the verdict token."
+    )
+    verdict_token: str = param(
+        "Y", "generative: the answer whose log-probability is the score; one token of the backbone's tokenizer."
+    )
     epochs: int = param(4, "Passes over the preference pairs.", ge=1)
-    ensemble_size: int = param(1, "Reward models trained from different seeds; PPO combines them.", ge=1)
+    ensemble_size: int = param(
+        1, "Reward models trained from different seeds; their consumers combine them (reward_ensemble).", ge=1
+    )
     backbone: str = param(
-        "reward_backbone",
-        "The model the reward model is fine-tuned from (a model trained before it): it need not be the policy's, "
-        "as InstructGPT's one 6B reward model served policies of several sizes.",
+        "sft",
+        "The model the reward model is fine-tuned from (a model trained before it): sft, which has learnt the task "
+        "from worked solutions, or reward_backbone (a size of its own: InstructGPT's one 6B reward model served "
+        "policies of several sizes).",
     )
     parallel: ParallelConfig = section(ParallelConfig, "Data-parallel workers of each member's training.")
 
@@ -267,7 +292,20 @@ class BestOfNConfig:
     policy: str = param(
         "sft_cold", "The model whose samples the reward model picks among (PPO's start, ppo.init, by default)."
     )
-    n: int = param(8, "Samples per held-out prompt; the reward model's favourite is kept.", ge=2, le=1024)
+    n: int = param(
+        16,
+        "The headline n: best-of-n's gold reward, and the share of the oracle's gain over a random pick it recovers, "
+        "are reported at this n.",
+        ge=2,
+        le=1024,
+    )
+    max_n: int = param(
+        64,
+        "Samples per held-out prompt; the gold-vs-proxy curve runs n = 1, 2, 4, ... max_n (each n's expectation "
+        "over every n of them, so one draw serves every n).",
+        ge=2,
+        le=1024,
+    )
 
 
 @schema_section

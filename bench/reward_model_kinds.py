@@ -1,0 +1,94 @@
+"""Reward-model kinds side by side: held-out accuracy (default label noise and noise-free), best-of-16 gold gain
+and train time, each kind from the default backbone (sft) on the same preference pairs sampled from PPO's start.
+
+Everything runs through the real stages in a scratch clone with the default params but for the kind:
+
+    python bench/reward_model_kinds.py                        # the table in docs/rlhf.md
+    python bench/reward_model_kinds.py --kinds simpo likelihood
+
+``likelihood`` is measured twice: from the default backbone (sft's own log-prob) and from the policy whose samples
+best-of-n ranks (sft_cold's: the policy's own, Huang et al.'s sharpening). ``implicit`` reads the dpo stage's model
+against its reference, so its train time is dpo's. Best-of-16 is the expectation over every 16 of 64 samples per
+held-out prompt (``best_of_n``); the gain is over a random pick, the share is of the oracle's gain.
+"""
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from harness import cold_start_project, stage
+
+# What each row runs (beside the default params): the classifier-type kinds learn a head or a verdict from scratch
+# and take the learning rate the Bradley-Terry classifier was tuned at; the likelihood-based ones start from what the
+# backbone knows and keep the default.
+KINDS = {
+    "simpo": ["reward_model.kind=simpo"],
+    "classifier": ["reward_model.kind=classifier", "reward_model.lr=3e-4"],
+    "grm": ["reward_model.kind=grm", "reward_model.lr=3e-4"],
+    "generative": ["reward_model.kind=generative", "reward_model.lr=3e-4"],
+    "likelihood": ["reward_model.kind=likelihood"],
+    "likelihood (policy's own)": ["reward_model.kind=likelihood", "reward_model.backbone=sft_cold"],
+    "implicit": ["reward_model.kind=implicit", "reward_model.backbone=dpo"],
+}
+NOISE_FREE = ["preferences.judge.label_noise=0"]
+
+
+def timed(project: Path, *args: str) -> float:
+    started = time.perf_counter()
+    stage(project, *args)
+    return time.perf_counter() - started
+
+
+def metrics(project: Path, name: str) -> dict:
+    return json.loads((project / "metrics" / name / "metrics.json").read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        project = cold_start_project(Path(scratch) / "project")
+        for name in ("sft", "preferences"):
+            stage(project, name)
+        dpo_seconds = 0.0
+        if "implicit" in args.kinds:
+            dpo_seconds = timed(project, "dpo_reference") + timed(project, "dpo")
+        header = (
+            f"{'kind':<26} {'accuracy':>8} {'noise-free':>10} {'bo16 gold':>9} {'gain':>6} {'share':>6} {'train s':>7}"
+        )
+        rows = {}
+        for kind in args.kinds:
+            seconds = timed(project, "reward_model", *KINDS[kind]) + (dpo_seconds if kind == "implicit" else 0.0)
+            accuracy = metrics(project, "reward_model")["accuracy"]
+            stage(project, "best_of_n", *KINDS[kind])
+            best_of_n = metrics(project, "best_of_n")
+            rows[kind] = [accuracy, best_of_n["gold_reward@bon16"], best_of_n["bon_gain@16"]]
+            rows[kind] += [best_of_n["bon_recovered@16"], seconds]
+            print(f"  {kind}: {rows[kind]} (noise-free accuracy follows)", flush=True)
+        stage(project, "preferences", *NOISE_FREE)
+        print(header, flush=True)
+        for kind in args.kinds:
+            if kind == "implicit":  # its dpo model learns from the labels too
+                for name in ("dpo_reference", "dpo"):
+                    stage(project, name, *NOISE_FREE)
+            stage(project, "reward_model", *KINDS[kind], *NOISE_FREE)
+            accuracy, gold, gain, share, seconds = rows[kind]
+            clean = metrics(project, "reward_model")["accuracy"]
+            numbers = (
+                f"{accuracy:.3f}",
+                f"{clean:.3f}",
+                f"{gold:.3f}",
+                f"{gain:.3f}",
+                f"{share:.2f}",
+                f"{seconds:.0f}",
+            )
+            print(f"{kind:<26} " + " ".join(f"{number:>10}" for number in numbers), flush=True)
+        best_of_n = metrics(project, "best_of_n")
+        print(f"random pick {best_of_n['gold_reward']:.3f}, oracle best-of-16 {best_of_n['gold_reward@oracle16']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
