@@ -100,12 +100,8 @@ def _entry(kind: StageKind, name: str, foreach: list[str] | str | None, target: 
     body += ["outs:", f"  - artifacts/{out}"]
     if kind.metrics:
         body += ["metrics:", f"  - metrics/{out}/metrics.json:", "      cache: false"]
-    plots = [f"  - metrics/{out}/plots/metrics:", "      x: step", "      cache: false"] if kind.plots else []
-    if kind.curves:
-        plots += [f"  - metrics/{out}/{CURVE_FILE}:", "      x: sqrt_kl", "      y: [gold, proxy]"]
-        plots += ["      cache: false"]
-    if plots:
-        body += ["plots:", *plots]
+    if kind.plots:
+        body += ["plots:", f"  - metrics/{out}/plots/metrics:", "      x: step", "      cache: false"]
     if foreach is None:
         return lines + [f"    {line}" for line in body]
     if isinstance(foreach, str):
@@ -137,11 +133,18 @@ def render_dvc_yaml(params: Params) -> str:
     for stage in _stages():
         out += [*stage, ""]
     perf = [kind for kind in stage_kinds().values() if kind.perf]
-    out += ["# Throughput, MFU and step times of the stages that train: beside the lock, not outputs (they vary)."]
+    out += ["# Throughput, MFU and step times of the stages that train: beside the lock, not outputs (they vary);"]
+    out += [
+        "# and the gold-vs-proxy curves (gold and proxy reward against sqrt(KL)) of the stages that optimise a proxy."
+    ]
     out += ["metrics:", *[f"  - metrics/{kind.name}/{PERF_FILE}" for kind in perf], "plots:"]
     for kind in perf:
         if kind.perf == "steps":
             out += [f"  - metrics/{kind.name}/{PERF_STEPS_FILE}:", "      x: step", "      y: [generate, score, train]"]
+    # A top-level plot: a stage's own plots take one y, and the curve is read with two.
+    for kind in stage_kinds().values():
+        if kind.curves:
+            out += [f"  - metrics/{kind.name}/{CURVE_FILE}:", "      x: sqrt_kl", "      y: [gold, proxy]"]
     out += [""]
     out += [
         "# The model each pipeline delivers, as `alignflow retrain PIPELINE` registers it: GTO version tags",

@@ -4,6 +4,7 @@ file the install brings) on a tiny random Llama of its vocabulary, so sampling a
 What a BPE tokenizer changes: decoding sampled ids and encoding the text again need not give the ids back, the
 response-format tags are several tokens, and pad = EOS (SmolLM2's ``<|im_end|>``) must not hide the final EOS."""
 
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,7 +19,8 @@ from tasks.common.training import make_deterministic
 from tasks.data.problems import Example, score_response
 from tasks.data.prompts import BARE, PromptFormat, PromptFormatError
 from tasks.rl.learner import Rollout
-from tasks.rl.sequences import response_logprobs, score_sequences
+from tasks.rl.reward_kinds import Scoring
+from tasks.rl.sequences import response_logprobs
 from tasks.rl.workers import RewardWorker
 from tasks.rollout.engine import Sampling
 from tasks.rollout.hf_engine import HFEngine
@@ -83,7 +85,7 @@ def test_generation_stops_at_an_end_of_turn_token_the_model_names(bpe_model):
     assert stopped.token_ids == free.token_ids[: free.token_ids.index(stop) + 1] and not stopped.truncated
 
 
-def test_the_trainer_and_the_reward_model_score_the_ids_the_engine_sampled(bpe_model):
+def test_the_trainer_and_the_reward_model_score_the_ids_the_engine_sampled(bpe_model, tmp_path):
     """Sampled BPE ids decoded and encoded again are not what was sampled; scored that way, the reward and the
     log-probs would belong to other sequences."""
     make_deterministic(0)
@@ -103,20 +105,18 @@ def test_the_trainer_and_the_reward_model_score_the_ids_the_engine_sampled(bpe_m
             completion.prompt_ids
         )
 
+    reward_dir = tmp_path / "reward_model"  # the model's own log-likelihood reads every token id
+    shutil.copytree(bpe_model, reward_dir / "member-0")
+    Scoring("likelihood").save(reward_dir)
     params = Params(device="cpu")
-    reward = RewardWorker(params, params.ppo, [bpe_model], bpe_model)
+    reward = RewardWorker(params, params.ppo, [reward_dir / "member-0"], bpe_model)
     scores = reward.score([e.prompt for e in examples], completions)
     finished = [c.token_ids + [tokenizer.eos_token_id] * c.truncated for c in completions]
     reward_model = reward.members[0][0]
-    exact = score_sequences(reward_model, [c.prompt_ids for c in completions], finished, tokenizer.pad_token_id, 8)
+    exact = reward_model.score_ids([c.prompt_ids for c in completions], finished, 8)
     assert torch.equal(scores, exact)
-    from_text = score_sequences(
-        reward_model,
-        [c.prompt_ids for c in completions],
-        [ids + [tokenizer.eos_token_id] for ids in reencoded],
-        tokenizer.pad_token_id,
-        8,
-    )
+    reencoded_finished = [ids + [tokenizer.eos_token_id] for ids in reencoded]
+    from_text = reward_model.score_ids([c.prompt_ids for c in completions], reencoded_finished, 8)
     assert not torch.allclose(scores[differs], from_text[differs])  # re-encoding would have changed the reward
 
 

@@ -20,7 +20,7 @@ from tasks.rl.policy_gradient import learn, needed_roles
 from tasks.rl.reward_kinds import RewardModel
 from tasks.rl.rewards import RewardScorer
 from tasks.rl.trainer import score
-from tests.conftest import make_project, report_json, repro, resume_after_kill, stages_run
+from tests.conftest import dvc, make_project, report_json, repro, resume_after_kill, stages_run
 
 pytestmark = pytest.mark.slow
 
@@ -93,6 +93,12 @@ def test_rlhf_pipeline_runs_every_stage_and_reports_reward_accuracy_and_gold_rew
     ppo_curve = _curve(path / "metrics/ppo/gold_vs_proxy.tsv")
     assert [row["step"] for row in ppo_curve] == [1, 2, 3, 4]
     assert report["ppo"]["peak_gold_reward"] == pytest.approx(max(row["gold"] for row in ppo_curve), abs=1e-5)
+    # dvc plots renders both, gold and proxy against sqrt(KL) (the JSON, then warnings on the plots of stages
+    # this pipeline does not run)
+    plots = json.JSONDecoder().raw_decode(dvc(path, "plots", "show", "--json"))[0]["data"]
+    for stage in ("best_of_n", "ppo"):
+        (rendered,) = plots[f"metrics/{stage}/gold_vs_proxy.tsv"]
+        assert {row["field"] for row in rendered["content"]["data"]["values"]} == {"gold", "proxy"}
     ppo = report["ppo"]
     for name in (
         "kl",

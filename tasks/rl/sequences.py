@@ -145,29 +145,3 @@ def pack_text(
     ``prompt_format`` gives it to the model."""
     response_ids = [finished_response_ids(tokenizer, r) for r in responses]
     return pack(prompt_format.encode(tokenizer, prompts), response_ids, tokenizer.pad_token_id)
-
-
-@torch.no_grad()
-def score_sequences(
-    model: PreTrainedModel, prompts: list[list[int]], responses: list[list[int]], pad_id: int, batch_size: int
-) -> torch.Tensor:
-    """The reward model's score of each (prompt ids, finished response ids)."""
-    scores = []
-    for start in range(0, len(prompts), batch_size):
-        batch = pack(prompts[start : start + batch_size], responses[start : start + batch_size], pad_id)
-        scores.append(model(**batch.to(model.device).model_inputs()).logits.squeeze(-1).float().cpu())
-    return torch.cat(scores)
-
-
-def score_texts(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    prompt_format: PromptFormat,
-    prompts: list[str],
-    responses: list[str],
-    batch_size: int,
-) -> torch.Tensor:
-    """The reward model's score of each (prompt, response) text, as a finished response."""
-    response_ids = [finished_response_ids(tokenizer, r) for r in responses]
-    prompt_ids = prompt_format.encode(tokenizer, prompts)
-    return score_sequences(model, prompt_ids, response_ids, tokenizer.pad_token_id, batch_size)
