@@ -8,9 +8,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from models import load_tokenizer
+from tasks.common.config import Params, RewardModelConfig
+from tasks.common.training import Checkpointer
+from tasks.data.datasets import PreferencePair
 from tasks.data.prompts import BARE
 from tasks.rl.core_algos import REWARD_ENSEMBLES
 from tasks.rl.reward_kinds import REFERENCE_DIR, REWARD_KINDS, Frozen, RewardModel, Scoring, pack_scored, verdict_id
+from tasks.stages.reward_model import scoring_rule, train_member
 from tests.conftest import tiny_model
 
 CPU = torch.device("cpu")
@@ -145,3 +149,27 @@ def test_ensemble_rules_match_their_definitions():
     # agreeing members cost nothing; one member is its own mean
     assert REWARD_ENSEMBLES["mean_minus_std"](scores, 3.0)[2] == 0.5
     torch.testing.assert_close(REWARD_ENSEMBLES["mean_minus_std"](scores[:1], 2.0), scores[0])
+
+
+@pytest.mark.parametrize("kind", ["simpo", "classifier", "grm", "generative"])
+def test_each_trained_kind_learns_to_rank_the_pairs(tmp_path, backbone, monkeypatch, kind):
+    """A few steps of each kind's loss on pairs a random tiny model cannot rank (a worked solution against the same
+    characters reversed) leave a member, loadable by its consumers, that ranks them."""
+    monkeypatch.chdir(tmp_path)  # the checkpoints live under the project directory
+    pairs = []
+    for a, b in [(12, 30), (7, 8), (45, 23), (9, 91), (33, 3), (60, 17), (5, 55), (21, 12)]:
+        solution = f"<think>{a}+{b}={a + b}</think><answer>{a + b}</answer>"
+        pairs.append(PreferencePair(f"{a}+{b}=", solution, solution[::-1]))
+    cfg = RewardModelConfig(kind=kind, backbone="sft", lr=3e-3, batch_size=8, epochs=30, warmup_steps=1, log_every=5)
+    root, params = tmp_path / "reward_model", Params(seed=0, device="cpu")
+    root.mkdir()
+    scoring_rule(params, cfg).save(root)
+    checkpointer = Checkpointer("reward_model", {"kind": kind}, [])
+    history = train_member(params, cfg, backbone, 0, pairs, root / "member-0", checkpointer)
+    checkpointer.clear()
+    assert history[-1][1]["loss"] < history[0][1]["loss"]
+    assert ("lm_loss" in history[-1][1]) == REWARD_KINDS[kind].lm_loss
+    scores = RewardModel(root / "member-0", CPU).score_texts(
+        BARE, [p.prompt for p in pairs] * 2, [p.chosen for p in pairs] + [p.rejected for p in pairs], 16
+    )
+    assert (scores[: len(pairs)] > scores[len(pairs) :]).float().mean() >= 0.875

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from models import load_policy, load_reward_model, load_tokenizer
 from tasks.common.registry_type import Registry
 from tasks.data.prompts import PromptFormat
 from tasks.rl.core_algos import masked, token_logprobs
@@ -170,8 +171,6 @@ class RewardModel:
     """One member of a reward model, frozen, as its consumers score with it."""
 
     def __init__(self, member: Path, device: torch.device, dtype: torch.dtype = torch.float32):
-        from models import load_policy, load_reward_model, load_tokenizer
-
         self.scoring, self.tokenizer = Scoring.load(member.parent), load_tokenizer(member)
         entry = REWARD_KINDS[self.scoring.kind]
         load = load_reward_model if entry.head == "classifier" else load_policy
