@@ -250,6 +250,12 @@ def test_alarms_flag_kl_runaway_entropy_collapse_and_reward_hacking():
     assert any("reward hacking" in alarm for alarm in alarms(hacked, cfg))
     improving = _history([0.1 * i for i in range(20)], [0.5 + 0.01 * i for i in range(20)])
     assert alarms(improving, cfg) == []
+    # a gold reward that dips by less than its batch-to-batch noise explains is no trend (PPO's seed 1 raised this
+    # alarm at iteration 41 on such a dip, and its gold reward then rose)
+    noisy = [0.55, 0.65] * 5 + [0.525, 0.625] * 5  # the window means fall by 0.025 with a spread of 0.05
+    assert alarms(_history([0.01 * i for i in range(20)], noisy), cfg) == []
+    falling = [0.55, 0.65] * 5 + [0.45, 0.55] * 5  # the same spread, a fall of 0.1
+    assert any("reward hacking" in alarm for alarm in alarms(_history([0.01 * i for i in range(20)], falling), cfg))
 
 
 @pytest.mark.parametrize("schedule, expected", [("constant", [0.0, 1.0, 1.0, 1.0]), ("cosine", [0.0, 1.0, 0.5, 0.0])])

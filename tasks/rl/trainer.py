@@ -174,14 +174,20 @@ def alarms(history: list[tuple[int, dict[str, float]]], cfg: RLConfig) -> list[s
     if len(history) >= 2 * HACKING_WINDOW:
         recent, before = history[-HACKING_WINDOW:], history[-2 * HACKING_WINDOW : -HACKING_WINDOW]
 
+        def values(window, name: str) -> torch.Tensor:
+            # an iteration that taught nothing has none
+            return torch.tensor([m[name] for _, m in window if name in m], dtype=torch.float64)
+
         def change(name: str) -> float:
-            def mean(window):
-                values = [m[name] for _, m in window if name in m]  # an iteration that taught nothing has none
-                return sum(values) / max(1, len(values))
+            return (values(recent, name).mean() - values(before, name).mean()).nan_to_num().item()
 
-            return mean(recent) - mean(before)
+        def noise(name: str) -> float:
+            """The standard error of ``change(name)`` from each window's spread: a fall one rollout batch's
+            sampling explains (the gold reward of 128 responses moves by a few hundredths) is not a trend."""
+            spread = [values(window, name) for window in (recent, before)]
+            return sum(v.var().nan_to_num().item() / max(1, len(v)) for v in spread) ** 0.5
 
-        if change("reward") > 0 and change("gold_reward") < -0.02:
+        if change("reward") > 0 and change("gold_reward") < -max(0.02, 2 * noise("gold_reward")):
             found.append(
                 f"reward hacking? over the last {HACKING_WINDOW} iterations the reward moved "
                 f"{change('reward'):+.3f} while the gold reward moved {change('gold_reward'):+.3f}"
