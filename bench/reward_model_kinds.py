@@ -8,8 +8,8 @@ Everything runs through the real stages in a scratch clone with the default para
 
 ``likelihood`` is measured twice: from the default backbone (sft's own log-prob) and from the policy whose samples
 best-of-n ranks (sft_cold's: the policy's own, Huang et al.'s sharpening). ``implicit`` reads the dpo stage's model
-against its reference, so its train time is dpo's. Best-of-16 is the expectation over every 16 of 64 samples per
-held-out prompt (``best_of_n``); the gain is over a random pick, the share is of the oracle's gain.
+against its reference, so its train time is dpo's. Best-of-16 keeps each kind's favourite of the same 16 samples per
+held-out prompt; the gain is over a random pick, the share is of the oracle's gain.
 """
 
 import argparse
@@ -33,6 +33,8 @@ KINDS = {
     "implicit": ["reward_model.kind=implicit", "reward_model.backbone=dpo"],
 }
 NOISE_FREE = ["preferences.judge.label_noise=0"]
+# 16 samples per held-out prompt, the same for every kind (the seed fixes them): each kind's best of the same 16.
+BEST_OF_16 = ["best_of_n.n=16", "best_of_n.max_n=16"]
 
 
 def timed(project: Path, *args: str) -> float:
@@ -63,7 +65,7 @@ def main() -> None:
         for kind in args.kinds:
             seconds = timed(project, "reward_model", *KINDS[kind]) + (dpo_seconds if kind == "implicit" else 0.0)
             accuracy = metrics(project, "reward_model")["accuracy"]
-            stage(project, "best_of_n", *KINDS[kind])
+            stage(project, "best_of_n", *KINDS[kind], *BEST_OF_16)
             best_of_n = metrics(project, "best_of_n")
             rows[kind] = [accuracy, best_of_n["gold_reward@bon16"], best_of_n["bon_gain@16"]]
             rows[kind] += [best_of_n["bon_recovered@16"], seconds]
