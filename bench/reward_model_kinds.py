@@ -5,6 +5,7 @@ Everything runs through the real stages in a scratch clone with the default para
 
     python bench/reward_model_kinds.py                        # the table in docs/rlhf.md
     python bench/reward_model_kinds.py --kinds simpo likelihood
+    python bench/reward_model_kinds.py --project /tmp/r1   # reuse a project where `alignflow repro r1` ran
 
 ``likelihood`` is measured twice: from the default backbone (sft's own log-prob) and from the policy whose samples
 best-of-n ranks (sft_cold's: the policy's own, Huang et al.'s sharpening). ``implicit`` reads the dpo stage's model
@@ -50,11 +51,16 @@ def metrics(project: Path, name: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
+    parser.add_argument(
+        "--project", type=Path, help="a project whose data, sft_cold, sft and preferences (default params) are built"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
-        project = cold_start_project(Path(scratch) / "project")
-        for name in ("sft", "preferences"):
-            stage(project, name)
+        project = args.project
+        if project is None:
+            project = cold_start_project(Path(scratch) / "project")
+            for name in ("sft", "preferences"):
+                stage(project, name)
         dpo_seconds = 0.0
         if "implicit" in args.kinds:
             dpo_seconds = timed(project, "dpo_reference") + timed(project, "dpo")
