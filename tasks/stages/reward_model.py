@@ -33,7 +33,7 @@ from tasks.common.training import Checkpointer, epoch_batch, fit, make_determini
 from tasks.data.datasets import PreferencePair, read_preferences
 from tasks.data.judge import preference_metrics
 from tasks.data.prompts import PromptFormat
-from tasks.rl.core_algos import bradley_terry_loss, masked_mean
+from tasks.rl.core_algos import bradley_terry_loss, masked, masked_mean
 from tasks.rl.reward_kinds import (
     REFERENCE_DIR,
     REWARD_KINDS,
@@ -118,7 +118,8 @@ def _train_member_rank(
     )
 
     def step_metrics(step: int) -> dict[str, torch.Tensor]:
-        batch = [pairs[i] for i in epoch_batch(len(pairs), cfg.batch_size, step, seed)][rank.slice(cfg.batch_size)]
+        whole = [pairs[i] for i in epoch_batch(len(pairs), cfg.batch_size, step, seed)]
+        batch = whole[rank.slice(cfg.batch_size)]
         prompts = prompt_format.encode(tokenizer, [p.prompt for p in batch]) * 2
         finished = [
             finished_response_ids(tokenizer, r) for r in [p.chosen for p in batch] + [p.rejected for p in batch]
@@ -128,7 +129,12 @@ def _train_member_rank(
         chosen, rejected = scores[: len(batch)], scores[len(batch) :]
         metrics = {"loss": bradley_terry_loss(chosen, rejected), "accuracy": (chosen > rejected).float().mean()}
         if entry.lm_loss and cfg.lm_coef > 0:
-            metrics["lm_loss"] = -masked_mean(lm_logprobs[: len(batch)], mask[: len(batch)].to(device))
+            chosen_mask = mask[: len(batch)].to(device)
+            if rank.world_size == 1:
+                metrics["lm_loss"] = -masked_mean(lm_logprobs[: len(batch)], chosen_mask)
+            else:  # this rank's share of the whole batch's token mean, as SFT's workers take theirs
+                tokens = sum(len(finished_response_ids(tokenizer, p.chosen)) for p in whole) / rank.world_size
+                metrics["lm_loss"] = -(masked(lm_logprobs[: len(batch)], chosen_mask)).sum() / tokens
             metrics["loss"] = metrics["loss"] + cfg.lm_coef * metrics["lm_loss"]
         return metrics
 
