@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from models import load_policy, load_reward_model, load_tokenizer
+from models import load_reference, load_reward_model, load_tokenizer
 from tasks.common.registry_type import Registry
 from tasks.data.prompts import PromptFormat
 from tasks.rl.core_algos import masked, token_logprobs
@@ -173,13 +173,9 @@ class RewardModel:
     def __init__(self, member: Path, device: torch.device, dtype: torch.dtype = torch.float32):
         self.scoring, self.tokenizer = Scoring.load(member.parent), load_tokenizer(member)
         entry = REWARD_KINDS[self.scoring.kind]
-        load = load_reward_model if entry.head == "classifier" else load_policy
+        load = load_reward_model if entry.head == "classifier" else load_reference  # both load frozen
         self.model = load(member, device, dtype=dtype)
-        reference = None
-        if entry.needs_reference:
-            reference = load_policy(member.parent / REFERENCE_DIR, device, dtype=dtype)
-            reference.requires_grad_(False).eval()
-        self.model.requires_grad_(False).eval()
+        reference = load_reference(member.parent / REFERENCE_DIR, device, dtype) if entry.needs_reference else None
         self.frozen, self.function = Frozen(self.scoring, reference), entry.function
 
     @torch.no_grad()

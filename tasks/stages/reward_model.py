@@ -119,11 +119,11 @@ def _train_member_rank(
 
     def step_metrics(step: int) -> dict[str, torch.Tensor]:
         whole = [pairs[i] for i in epoch_batch(len(pairs), cfg.batch_size, step, seed)]
-        batch = whole[rank.slice(cfg.batch_size)]
+        chosen_ids = [finished_response_ids(tokenizer, p.chosen) for p in whole]  # the whole batch's, once
+        share = rank.slice(cfg.batch_size)
+        batch = whole[share]
         prompts = prompt_format.encode(tokenizer, [p.prompt for p in batch]) * 2
-        finished = [
-            finished_response_ids(tokenizer, r) for r in [p.chosen for p in batch] + [p.rejected for p in batch]
-        ]
+        finished = chosen_ids[share] + [finished_response_ids(tokenizer, p.rejected) for p in batch]
         packed, mask = pack_scored(tokenizer, scoring, prompts, finished)
         scores, lm_logprobs = replica(packed.to(device), mask.to(device))
         chosen, rejected = scores[: len(batch)], scores[len(batch) :]
@@ -133,7 +133,7 @@ def _train_member_rank(
             if rank.world_size == 1:
                 metrics["lm_loss"] = -masked_mean(lm_logprobs[: len(batch)], chosen_mask)
             else:  # this rank's share of the whole batch's token mean, as SFT's workers take theirs
-                tokens = sum(len(finished_response_ids(tokenizer, p.chosen)) for p in whole) / rank.world_size
+                tokens = sum(len(ids) for ids in chosen_ids) / rank.world_size
                 metrics["lm_loss"] = -(masked(lm_logprobs[: len(batch)], chosen_mask)).sum() / tokens
             metrics["loss"] = metrics["loss"] + cfg.lm_coef * metrics["lm_loss"]
         return metrics
