@@ -156,6 +156,21 @@ def test_an_actor_update_moves_responses_toward_their_advantages(model_dir, poli
     assert moved[sign > 0].mean() > moved[sign < 0].mean() + 0.1, moved
 
 
+def test_the_actors_own_engine_samples_in_the_compute_dtype(model_dir):
+    """bf16-mixed: the engine in the actor's process samples under bfloat16 autocast, as the update's passes and the
+    engines apart from the actor compute; fp32 samples in float32."""
+    for precision, expected in (("bf16-mixed", torch.bfloat16), ("fp32", torch.float32)):
+        params = load_params(REPO / "params.yaml", [f"grpo.precision={precision}"])
+        actor = ActorWorker(params, params.grpo, model_dir)
+        seen: list[torch.dtype] = []
+        layer = actor.model.model.layers[0].self_attn.q_proj
+        hook = layer.register_forward_hook(lambda module, inputs, output, seen=seen: seen.append(output.dtype))
+        actor.generate(["12+30="])
+        actor.sample_current(["98-7="], Sampling(4, n=1, temperature=1.0), seed=0)
+        hook.remove()
+        assert seen and set(seen) == {expected}, (precision, set(seen))
+
+
 def test_a_single_update_without_an_old_logprob_pass_is_the_update_with_one(model_dir):
     """With one update per rollout the trainer skips the no-grad π_old pass: the update's own forward pass,
     detached, is π_old. Same weights after, same log-probs reported, and more updates than one refuse it."""

@@ -230,13 +230,15 @@ class ActorWorker(_TrainedRole):
             self.engine = make_engine(params, cfg, self.sampler, self.tokenizer, model_dir, params.seed)
 
     def generate(self, prompts: list[str]) -> list[Completion]:
-        return self.engine.generate(prompts, rollout_sampling(self.cfg))
+        # in the compute dtype, as the engines apart from the actor and the update's passes compute
+        with autocast(self.sampler, self.cfg.precision):
+            return self.engine.generate(prompts, rollout_sampling(self.cfg))
 
     def sample_current(self, prompts: list[str], sampling: Sampling, seed: int) -> list[Completion]:
         """Samples of the policy as it is now (a semi-online engine may lag it), for held-out evaluation, drawn
         from ``seed`` without touching the random state training draws from."""
         devices = [self.model.device] if self.model.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
+        with torch.random.fork_rng(devices=devices), autocast(self.model, self.cfg.precision):
             torch.manual_seed(seed)
             return HFEngine(self.model, self.tokenizer, self.batch_size, self.prompt_format).generate(prompts, sampling)
 
