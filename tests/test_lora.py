@@ -56,6 +56,26 @@ def test_the_reference_of_an_adapted_policy_is_its_base_with_adapters_disabled(m
     assert trainable and all("lora_" in name for name in trainable)
 
 
+def test_an_adapted_actors_engine_samples_from_the_merged_weights_after_every_update(model_dir, one_thread):
+    """The engine in the actor's process samples from a plain copy with the adapters merged in (no PEFT layers in
+    the sampling loop), refreshed at each sync; a resume state carries no copy of it (made again on loading)."""
+    make_deterministic(0)
+    cfg = replace(Params().grpo, lora=LORA, kl_loss="none", colocate=True, group_size=3, minibatch_size=3)
+    batch = pack_text(load_tokenizer(model_dir), BARE, PROMPTS, RESPONSES)
+    with placed(Params(seed=0, device="cpu"), cfg, model_dir, [], set()) as roles:
+        actor = roles["actor"].handle
+        assert actor.sampler is not actor.model and not is_adapted(actor.sampler)
+        model = _trained_actor(roles, batch)
+        actor._took_steps(1)  # the sync after an update
+        merged = merged_state_dict(model)
+        for name, tensor in actor.sampler.state_dict().items():
+            assert torch.equal(tensor, merged[name]), name
+        sampled, _ = response_logprobs(actor.sampler, batch, cfg.temperature)
+        adapted = roles["actor"].call("logprobs", batch).result()
+        assert (sampled - adapted)[batch.response_mask.bool()].abs().max() <= 1e-5
+        assert actor.state()["sampler"] is None
+
+
 def test_the_saved_artifact_is_the_merged_model_with_the_adapter_beside_it(model_dir, tmp_path, one_thread):
     make_deterministic(0)
     cfg = replace(Params().grpo, lora=LORA, colocate=True)

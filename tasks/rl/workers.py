@@ -28,6 +28,7 @@ from transformers import PreTrainedModel
 
 from models import (
     load_critic,
+    load_policy,
     load_reference,
     load_tokenizer,
     resolve_device,
@@ -213,8 +214,10 @@ def _optimizer(model: torch.nn.Module, lr: float, cfg: RLConfig) -> tuple[torch.
 
 class ActorWorker(_TrainedRole):
     """The policy, and, when it lives in this process (``engine_in_actor``), the rollout engine that samples from
-    it: from the policy itself (``sync_every: 1``) or, semi-online, from a copy of it (``sampler``) refreshed every
-    ``sync_every`` updates. Engines apart from the actor take ``weights_for_engines`` on the same schedule."""
+    it: from the policy itself (``sync_every: 1``) or from a copy of it (``sampler``) refreshed every
+    ``sync_every`` updates: semi-online, or an adapted policy, whose copy has the adapters merged into its weights
+    in the compute dtype (PEFT's unmerged layers made a sampling step of SmolLM2 on a GPU 2.2x as long:
+    docs/speed.md). Engines apart from the actor take ``weights_for_engines`` on the same schedule."""
 
     def __init__(self, params: Params, cfg: RLConfig, model_dir: Path, rank: Rank = SINGLE):
         self.cfg = cfg
@@ -226,8 +229,15 @@ class ActorWorker(_TrainedRole):
         self.prompt_format = PromptFormat.of(params.task)
         self.sampler, self.engine = None, None
         if engine_in_actor(cfg):
-            self.sampler = self.model if cfg.sync_every == 1 else copy.deepcopy(self.model).requires_grad_(False)
+            self.sampler = self._sampler(model_dir)
             self.engine = make_engine(params, cfg, self.sampler, self.tokenizer, model_dir, params.seed)
+
+    def _sampler(self, model_dir: Path) -> PreTrainedModel:
+        if is_adapted(self.model):
+            sampler = load_policy(model_dir, self.model.device, compute_dtype(self.cfg.precision))
+            sampler.load_state_dict(merged_state_dict(self.model))
+            return sampler.requires_grad_(False)
+        return self.model if self.cfg.sync_every == 1 else copy.deepcopy(self.model).requires_grad_(False)
 
     def generate(self, prompts: list[str]) -> list[Completion]:
         # in the compute dtype, as the engines apart from the actor and the update's passes compute
@@ -252,7 +262,7 @@ class ActorWorker(_TrainedRole):
                 self.sync_due = True
                 return
             if self.sampler is not self.model:
-                self.sampler.load_state_dict(self.model.state_dict())
+                self.sampler.load_state_dict(merged_state_dict(self.model))
             self.engine.sync_weights(self.sampler)
 
     def weights_for_engines(self) -> dict[str, torch.Tensor] | None:
@@ -328,8 +338,10 @@ class ActorWorker(_TrainedRole):
         state = super().state()
         if state is None:
             return None
-        # the engine's lagging copy, semi-online in this process (engines apart from it keep their own)
-        sampler = self.sampler.state_dict() if self.sampler not in (None, self.model) else None
+        # the engine's lagging copy, semi-online in this process (engines apart from it keep their own); an
+        # up-to-date one is the policy's merged weights, made again on loading
+        lagging = self.sampler not in (None, self.model) and self.cfg.sync_every > 1
+        sampler = self.sampler.state_dict() if lagging else None
         return state | {"sampler": sampler, "updates": self.updates, "synced_at": self.synced_at}
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -338,6 +350,8 @@ class ActorWorker(_TrainedRole):
         if self.engine is not None:
             if state["sampler"] is not None:
                 self.sampler.load_state_dict(state["sampler"])
+            elif self.sampler is not self.model:
+                self.sampler.load_state_dict(merged_state_dict(self.model))
             self.engine.sync_weights(self.sampler)
 
     def save(self, out: Path, tokenizer_dir: Path) -> None:
