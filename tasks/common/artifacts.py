@@ -25,6 +25,8 @@ PREFERENCES_DIR = ARTIFACTS / "preferences"
 REWARD_MODEL_DIR = ARTIFACTS / "reward_model"
 METRICS = Path("metrics")
 CHECKPOINTS = Path(".alignflow") / "checkpoints"
+# What is kept per user rather than per project: the machine's matmul peak, the registries' catalog.
+USER_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "alignflow"
 
 
 def stage_dir(stage: str) -> Path:

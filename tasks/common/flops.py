@@ -7,17 +7,16 @@ cache directory, so stages do not pay for it on every run.
 """
 
 import json
-import os
 import platform
 import time
 from pathlib import Path
 
 import torch
 
-from tasks.common.artifacts import atomic_output
+from tasks.common.artifacts import USER_CACHE, atomic_output
 
 PEAK_SIZES = (1024, 2048)  # square matmuls; the best rate of any is the peak
-PEAK_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "alignflow" / "matmul_peak.json"
+PEAK_CACHE = USER_CACHE / "matmul_peak.json"
 
 
 def measure_matmul_peak(threads: int, seconds_per_size: float = 0.25) -> float:

@@ -31,7 +31,9 @@ from tasks.common.config import (
     SFTTrainingConfig,
 )
 from tasks.common.config.fields import schema_fields
+from tasks.common.config.rl import REWARD_MODEL
 from tasks.common.registry import model_kinds, param_reference, param_value
+from tasks.common.registry_catalog import registry_entries
 from tasks.common.training_rules import runs_on_gpu, training_errors
 from tasks.data.datasets import is_shard_of, shard_files
 from tasks.stages.kinds import stage_kinds
@@ -95,11 +97,16 @@ def _model_key_errors(params: Params) -> Iterator[str]:
                 yield f"{key}: not a model trained before {kind.name} ({', '.join(MODELS)}, ...), got {model!r}"
 
 
-def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
-    from tasks.rl import core_algos, rewards  # torch: imported only when params are checked
+# The registries the rules read, by the catalog's "module:NAME" (no torch: tasks/common/registry_catalog.py).
+_ADVANTAGE_ESTIMATORS = "tasks.rl.core_algos:ADVANTAGE_ESTIMATORS"
+_BUILT_IN_REWARDS = "tasks.rl.rewards:BUILT_IN"
+_REWARD_KINDS = "tasks.rl.reward_kinds:REWARD_KINDS"
+_DISTILL_LOSSES = "tasks.rl.distill_losses:DISTILL_LOSSES"
 
+
+def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
     base = params.base
-    estimator = core_algos.ADVANTAGE_ESTIMATORS.get(cfg.advantage)  # an unknown name is reported by its field
+    estimator = registry_entries(_ADVANTAGE_ESTIMATORS).get(cfg.advantage)  # an unknown name is reported by its field
     # distillation runs the estimator only to mix in a reward
     compares_group = estimator is not None and estimator.compares_group
     if isinstance(cfg, DistillConfig) and cfg.reward_coef == 0:
@@ -119,31 +126,33 @@ def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
     reads_reward_model = any(
         "reward_model" in kind.reads.values() for kind in stage_kinds().values() if kind.section == name
     )
-    built_in = (*rewards.BUILT_IN, rewards.REWARD_MODEL)
-    if not reads_reward_model and cfg.rewards.get(rewards.REWARD_MODEL):
+    rule_based = tuple(registry_entries(_BUILT_IN_REWARDS))
+    built_in = (*rule_based, REWARD_MODEL)
+    if not reads_reward_model and cfg.rewards.get(REWARD_MODEL):
         yield (
-            f"{name}.rewards.{rewards.REWARD_MODEL}: the {name} stage does not read the reward model (its dvc.yaml "
+            f"{name}.rewards.{REWARD_MODEL}: the {name} stage does not read the reward model (its dvc.yaml "
             "stage has no artifacts/reward_model dependency); use a stage that does (ppo, grpo_final)"
         )
     mixes = {"rewards": (cfg.rewards, built_in)}
     if isinstance(cfg, PPOConfig):  # the reference run's rewards are rule-based: no reward model
-        mixes["verifier_rewards"] = (cfg.verifier_rewards, rewards.BUILT_IN)
+        mixes["verifier_rewards"] = (cfg.verifier_rewards, rule_based)
     for key, (mix, allowed) in mixes.items():
         for reward, weight in mix.items():
             if reward not in allowed and ":" not in reward:
                 yield f"{name}.{key}.{reward}: not a reward ({', '.join(allowed)}, or module:function of your own)"
             if not math.isfinite(weight):
                 yield f"{name}.{key}.{reward}: the weight must be a finite number, got {weight}"
-    import torch
-
-    on_gpu = runs_on_gpu(params.device)
-    if not on_gpu and cfg.vllm.sleep_mode:
+    # Asked only where the answer matters: device auto asks torch, whose import is most of a no-op run's time.
+    if cfg.vllm.sleep_mode and not runs_on_gpu(params.device):
         yield f"{name}.vllm.sleep_mode: vLLM sleeps on a GPU only (device: cuda); false on a CPU"
-    if not on_gpu and cfg.vllm.tensor_parallel_size > 1:
-        yield f"{name}.vllm.tensor_parallel_size: shards over GPUs (device: cuda); 1 on a CPU"
-    elif cfg.vllm.tensor_parallel_size > max(1, torch.cuda.device_count()):
-        gpus = torch.cuda.device_count()
-        yield f"{name}.vllm.tensor_parallel_size: {cfg.vllm.tensor_parallel_size} GPUs, {gpus} seen"
+    if cfg.vllm.tensor_parallel_size > 1:
+        import torch
+
+        if not runs_on_gpu(params.device):
+            yield f"{name}.vllm.tensor_parallel_size: shards over GPUs (device: cuda); 1 on a CPU"
+        elif cfg.vllm.tensor_parallel_size > torch.cuda.device_count():
+            gpus = torch.cuda.device_count()
+            yield f"{name}.vllm.tensor_parallel_size: {cfg.vllm.tensor_parallel_size} GPUs, {gpus} seen"
     if base.model_path is None:
         longest = params.sft.max_prompt_length + cfg.max_new_tokens
         if base.max_position_embeddings < longest:
@@ -172,10 +181,8 @@ def _tokenizer_of(model: str, params: Params):
 def _reward_model_errors(params: Params) -> Iterator[str]:
     """A reward-model kind's needs: a reference upstream (implicit), a one-token verdict (generative), and more
     than one member only where members differ (a kind that trains)."""
-    from tasks.rl.reward_kinds import REWARD_KINDS, Scoring, implicit_reference, verdict_id
-
     cfg = params.reward_model
-    kind = REWARD_KINDS.get(cfg.kind)  # an unknown name is reported by its field
+    kind = registry_entries(_REWARD_KINDS).get(cfg.kind)  # an unknown name is reported by its field
     if kind is None:
         return
     if not kind.trains and cfg.ensemble_size > 1:
@@ -183,13 +190,18 @@ def _reward_model_errors(params: Params) -> Iterator[str]:
             f"reward_model.ensemble_size: the {cfg.kind} kind trains nothing, so its members would be one model "
             f"repeated; 1, got {cfg.ensemble_size}"
         )
-    if kind.needs_reference and implicit_reference(params, cfg.backbone) is None:
-        yield (
-            f"reward_model.kind: {cfg.kind} scores beta log pi/pi_ref and needs a backbone trained against a "
-            f"reference by a preference loss (dpo, online_dpo); reward_model.backbone={cfg.backbone} has no reference "
-            "upstream"
-        )
+    if kind.needs_reference:
+        from tasks.rl.reward_kinds import implicit_reference  # torch: only for a kind that reads a reference
+
+        if implicit_reference(params, cfg.backbone) is None:
+            yield (
+                f"reward_model.kind: {cfg.kind} scores beta log pi/pi_ref and needs a backbone trained against a "
+                f"reference by a preference loss (dpo, online_dpo); reward_model.backbone={cfg.backbone} has no "
+                "reference upstream"
+            )
     if kind.suffix and (params.base.model_path is None or source_error(params.base.model_path) is None):
+        from tasks.rl.reward_kinds import Scoring, verdict_id  # torch: only for a kind that asks for a verdict
+
         try:
             verdict_id(_tokenizer_of(cfg.backbone, params), Scoring(cfg.kind, cfg.verdict_suffix, cfg.verdict_token))
         except ValueError as error:
@@ -198,17 +210,15 @@ def _reward_model_errors(params: Params) -> Iterator[str]:
 
 def _distill_errors(params: Params, longest: int) -> Iterator[str]:
     """On-policy distillation's knobs that only make sense together, and the student's size or tokenizer."""
-    from tasks.rl import core_algos, distill_losses  # torch: imported only when params are checked
-
     cfg = params.distill
-    loss = distill_losses.DISTILL_LOSSES.get(cfg.distill_loss)  # an unknown name is reported by its field
+    loss = registry_entries(_DISTILL_LOSSES).get(cfg.distill_loss)  # an unknown name is reported by its field
     if cfg.lmbda < 1 and loss is not None and not loss.full_vocabulary:
         yield (
             "distill.lmbda: below 1 trains on the teacher's responses, which a sampled-token loss "
             f"({cfg.distill_loss}) cannot grade (its estimate needs the student's own samples); use loss gkd, or "
             f"lmbda 1, got {cfg.lmbda}"
         )
-    estimator = core_algos.ADVANTAGE_ESTIMATORS.get(cfg.advantage)
+    estimator = registry_entries(_ADVANTAGE_ESTIMATORS).get(cfg.advantage)
     if estimator is not None and estimator.needs_critic:
         yield f"distill.advantage: {cfg.advantage} needs a critic, which distillation does not train (grpo, rloo, ...)"
     if cfg.kl_in_reward:

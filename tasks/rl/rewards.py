@@ -40,11 +40,10 @@ from multiprocessing.connection import Connection
 
 import torch
 
+from tasks.common.config.rl import REWARD_MODEL
 from tasks.common.registry_type import Registry
 from tasks.data.problems import Example, score_response
 from tasks.rl.core_algos import overlong_penalty
-
-REWARD_MODEL = "reward_model"  # the RLHF reward model, scored in the trainer's process (it is a torch model)
 
 
 @dataclass(frozen=True)

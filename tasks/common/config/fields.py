@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, TypeVar
 
@@ -55,7 +54,7 @@ def section(cls: type, help: str, **defaults: Any) -> Any:
 
 class OneOf:
     """A string constraint: one of fixed ``choices``, or of the names a registry holds (``registry``:
-    "module:NAME", imported when first checked so that reading params needs no torch), plus ``extra``."""
+    "module:NAME", read from the registries' catalog so that reading params needs no torch), plus ``extra``."""
 
     def __init__(self, choices: Sequence[str] = (), *, registry: str | None = None, extra: Sequence[str] = ()) -> None:
         self._choices, self.registry, self._extra = tuple(choices), registry, tuple(extra)
@@ -64,8 +63,9 @@ class OneOf:
     def choices(self) -> tuple[str, ...]:
         if self.registry is None:
             return self._choices
-        module, _, name = self.registry.partition(":")
-        return (*self._extra, *getattr(importlib.import_module(module), name))
+        from tasks.common.registry_catalog import registry_entries  # here: its own imports import this package
+
+        return (*self._extra, *registry_entries(self.registry))
 
     def _check(self, value: str) -> str:
         if value not in self.choices:

@@ -16,6 +16,9 @@ from tasks.common.config.sections import (
 LR_SCHEDULES = ("constant", "cosine")
 LEARNERS = ("preference", "policy_gradient")
 _CORE_ALGOS = "tasks.rl.core_algos"
+# A reward mix's name for the RLHF reward model, beside the built-in rewards (scored in the trainer's process: it
+# is a torch model). Here rather than in tasks/rl/rewards.py: validating params reads it, and that module imports torch.
+REWARD_MODEL = "reward_model"
 
 
 def roles(*names: str) -> dict[str, StageResources]:
@@ -102,7 +105,7 @@ class RLConfig(SamplingConfig, ModelTrainingConfig):
         None, "Reset the reference to the current policy every N iterations (iterative GRPO); null: never.", ge=1
     )
     rewards: dict[str, Weight] = mapping(
-        lambda: {"reward_model": 1.0},
+        lambda: {REWARD_MODEL: 1.0},
         "Reward functions and their weights: accuracy, format, length, overlong, reward_model (the RLHF reward "
         "model), or module:function of your own (see tasks/rl/rewards.py).",
     )
