@@ -1,11 +1,13 @@
 """The benches' shared harness: a scratch clone of this repo, its stages run by this environment's ``alignflow``,
-and the separate environment TRL runs in.
+the real model's project (SmolLM2-135M-Instruct through ``examples/smollm2.args``), and the separate environment TRL
+runs in.
 
 Every bench runs as a script, ``.venv/bin/python bench/NAME.py``, so Python puts ``bench/`` first on ``sys.path``
 and a bench imports this module one way: ``from harness import ...`` (as the TRL-side scripts import
 ``trl_timer``). ``alignflow``'s own packages (``flows``, ``tasks``, ``models``) come from its editable install.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -17,7 +19,18 @@ REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 # The peer's environment, apart from the project's, so TRL never enters it (made on first use).
 TRL_ENV = REPO / ".bench" / "trl"
-TRL_PACKAGES = ["torch==2.13.0", "transformers==5.19.0", "tokenizers==0.23.3", "trl==1.16.0"]
+TRL_PACKAGES = ["torch==2.13.0", "transformers==5.19.0", "tokenizers==0.23.3", "trl==1.16.0", "peft==0.21.2"]
+# The real model's recipe (docs/real-models.md): SmolLM2-135M-Instruct, 2-digit additions through its chat template,
+# LoRA in bf16-mixed; a params overlay, a KEY=VALUE line each.
+OVERLAY = "examples/smollm2.args"
+
+
+def set_threads(threads: int) -> None:
+    """Every leg on ``threads`` threads: this process's torch and the processes it starts (stages, TRL)."""
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = ENV["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
 
 
 def stage(project: Path, *args: str) -> None:
@@ -25,20 +38,73 @@ def stage(project: Path, *args: str) -> None:
     subprocess.run(["alignflow", "stage", *args], cwd=project, env=ENV, check=True, stdout=subprocess.DEVNULL)
 
 
+def overlay() -> list[str]:
+    """The overrides of the real model's recipe (``OVERLAY``), as ``alignflow stage @OVERLAY`` reads them."""
+    lines = (line.strip() for line in (REPO / OVERLAY).read_text().splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def built_project(project: Path, stages: list[str] | tuple[str, ...], overrides: list[str]) -> Path:
+    """A clone of this repo at ``project`` with the artifacts of ``stages`` (in order), each built with ``overrides``:
+    a project made by an earlier run is reused, its missing stages built. ``project/bench-project.json`` records the
+    overrides it was built with; reusing it with others is an error (its artifacts would belong to other params)."""
+    record = project / "bench-project.json"
+    if not project.exists():
+        subprocess.run(["git", "clone", "--quiet", str(REPO), str(project)], check=True)
+        record.write_text(json.dumps({"overrides": overrides}, indent=1))
+    elif not record.is_file() or json.loads(record.read_text())["overrides"] != overrides:
+        raise SystemExit(f"{project}: built by another bench or with other params than {overrides}; pick another")
+    for name in stages:
+        if not (project / "artifacts" / name).exists():
+            print(f"building {project}: alignflow stage {name}", flush=True)
+            stage(project, name, *overrides)
+    return project
+
+
+COLD_START = ("data", "base", "sft_cold")  # the stages up to the cold-start SFT model, RL's starting policy
+PREFERENCES = ("preferences", "dpo_reference")  # then its preference pairs and their reference log-probs
+
+
 def cold_start_project(project: Path, overrides: list[str] | tuple[str, ...] = ()) -> Path:
     """Clone this repo to ``project`` and build its data, base model and cold-start SFT model there."""
     subprocess.run(["git", "clone", "--quiet", str(REPO), str(project)], check=True)
-    for name in ("data", "base", "sft_cold"):
+    for name in COLD_START:
         stage(project, name, *overrides)
     return project
 
 
 def trl_python() -> Path:
     """The Python of a virtual environment with TRL, made under ``.bench/`` on first use."""
-    python = TRL_ENV / "bin" / "python"
+    python, installed = TRL_ENV / "bin" / "python", TRL_ENV / "bench-packages.txt"
     if not python.exists():
         print(f"making {TRL_ENV} with {' '.join(TRL_PACKAGES)} (once)", flush=True)
         venv.create(TRL_ENV, with_pip=True)
+    if not installed.is_file() or installed.read_text().split() != TRL_PACKAGES:
+        # torch first, pinned, so that nothing after it pulls in another build of it
         subprocess.run([python, "-m", "pip", "install", "--quiet", TRL_PACKAGES[0]], check=True)
         subprocess.run([python, "-m", "pip", "install", "--quiet", *TRL_PACKAGES], check=True)
+        installed.write_text("\n".join(TRL_PACKAGES) + "\n")
     return python
+
+
+# The real model's project, which the GRPO and DPO benches share (`--project DIR` builds it once, then reuses it):
+# the recipe, with a held-out split of REAL_HELD_OUT problems (greedy pass@1 to about +-0.022 at 0.5; the paired
+# difference of two models on the same problems, less) and preference pairs sampled from sft_cold on 200 training
+# prompts and on every held-out one, 4 responses each, as long as GRPO's.
+REAL_HELD_OUT = 500
+
+
+def real_overrides() -> list[str]:
+    """The params of the real model's project: the recipe's and the benches' own."""
+    return [
+        *overlay(),
+        f"data.num_test={REAL_HELD_OUT}",
+        "eval.batch_size=64",  # prompts (pairs, for dpo_reference) per batch: the memory of 64, not 256
+        "preferences.num_prompts=200",
+        "preferences.max_new_tokens=40",
+    ]
+
+
+def real_project(project: Path, stages: tuple[str, ...] = COLD_START) -> Path:
+    """``built_project`` of the real model's ``stages`` at ``project``, with ``real_overrides``."""
+    return built_project(project, stages, real_overrides())

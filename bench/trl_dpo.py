@@ -3,6 +3,12 @@
 Runs in the virtual environment with TRL that the benches create; reads its settings as JSON from argv[1]
 and writes the measured optimizer-step times as JSON to argv[2]; the trained model goes to the settings'
 ``output_dir`` for the bench to evaluate.
+
+The pairs' prompts come as the model reads them (through its chat template, rendered by the bench), so TRL
+tokenises prompt + response as text and appends the end-of-sequence token, as alignflow does; before training, the
+token ids of the first pairs are checked against ``settings["expected_ids"]`` (alignflow's). With
+``settings["lora"]`` the policy trains LoRA adapters (``peft_config``; the reference is the model with its adapters
+disabled) and the model saved is the merged one.
 """
 
 import json
@@ -12,7 +18,18 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import DPOConfig, DPOTrainer
-from trl_timer import StepTimer
+from trl_timer import StepTimer, peft_config
+
+
+def check_ids(trainer: DPOTrainer, expected: list[list[list[int]]]) -> None:
+    """The (prompt, chosen, rejected) ids DPOTrainer made of the first pairs are alignflow's."""
+    for row, ours in enumerate(expected):
+        tokenized = trainer.train_dataset[row]
+        theirs = [tokenized[column] for column in ("prompt_ids", "chosen_ids", "rejected_ids")]
+        if [list(ids) for ids in ours] != [list(ids) for ids in theirs]:
+            raise SystemExit(f"pair {row}: TRL reads ids {theirs}, alignflow {ours}")
+    if expected:
+        print(f"TRL's token ids equal alignflow's on the first {len(expected)} pairs", flush=True)
 
 
 def main(settings: dict, out: str) -> None:
@@ -37,7 +54,7 @@ def main(settings: dict, out: str) -> None:
         precompute_ref_log_probs=settings["precompute_ref_log_probs"],
         max_length=None,
         use_cpu=True,
-        bf16=False,
+        bf16=settings.get("bf16", False),  # on a CPU: the forward passes under bfloat16 autocast, fp32 weights
         seed=settings["seed"],
         logging_steps=10,
         save_strategy="no",
@@ -47,9 +64,20 @@ def main(settings: dict, out: str) -> None:
         gradient_checkpointing=settings["gradient_checkpointing"],
     )
     timer = StepTimer()
-    trainer = DPOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=[timer])
+    trainer = DPOTrainer(
+        model=model,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[timer],
+        peft_config=peft_config(settings.get("lora")),
+    )
+    check_ids(trainer, settings.get("expected_ids", []))
     trainer.train()
-    trainer.save_model(settings["output_dir"])
+    if settings.get("lora"):
+        trainer.model.merge_and_unload().save_pretrained(settings["output_dir"])
+    else:
+        trainer.save_model(settings["output_dir"])
     tokenizer.save_pretrained(settings["output_dir"])
     with open(out, "w") as handle:
         json.dump({"step_seconds": timer.seconds}, handle)
