@@ -1,20 +1,32 @@
-"""Orchestration overhead: the default pipeline run four ways, side by side, in one go.
+"""Orchestration overhead: the default pipeline run five ways, side by side, in one go.
 
   direct       each stage's command in dependency order, nothing around it
   dvc          `dvc repro` of the pipeline's final stages (`alignflow repro sft`)
-  prefect      `alignflow run sft` joining a running Ray cluster: a Prefect flow, every stage on
-               Ray, DVC recording the lock; what a run triggered through `alignflow serve` does
-  prefect+ray  `alignflow run sft` starting a local Ray of its own, and stopping it
+  served       `alignflow run sft` with `alignflow serve` up in the project: the run executes in the
+               serve's process (Prefect, DVC, torch and the flows imported, Ray joined, once), a
+               Prefect flow, every stage on Ray, DVC recording the lock; the client only validates
+               the params and follows the run
+  prefect      a one-shot `alignflow run sft` (no serve) joining a running Ray cluster: the same flow
+               in a process of its own, which pays the imports, the flow run's creation and its exit
+  prefect+ray  a one-shot `alignflow run sft` starting a local Ray of its own, and stopping it
 
 Each leg runs in its own fresh clone of this repo's HEAD, so every leg does the same work
-from nothing. The infrastructure a deployment has running already, a Prefect server and a Ray
-cluster (`ray start --head`, configured as alignflow configures a local Ray), is started first
-and not timed; it idles through every leg.
+from nothing. The infrastructure a deployment has running already, a Prefect server, a Ray
+cluster (`ray start --head`, configured as alignflow configures a local Ray) and `alignflow serve`
+(in the served leg's clone, joining that cluster; one per round), is started first and not timed;
+it idles through every leg.
 
-The target (Prefect + Ray + DVC add at most 5%) is judged on the `prefect` leg: production runs
-start on a Prefect server and a Ray cluster that are already up, as `alignflow serve` keeps them.
-A one-shot `alignflow run` also pays Ray's start-up and shutdown (about 3.5 s here, a fixed
-cost whatever the pipeline's length); `prefect+ray` reports it separately.
+The target (Prefect + Ray + DVC add at most 5%) is judged on the `served` leg: production runs
+start on a Prefect server, a Ray cluster and a serve that are already up. The one-shot legs show
+what a run pays in a process of its own: `prefect` the imports, the flow run's creation and the
+interpreter's exit, `prefect+ray` Ray's start-up and shutdown on top (about 3.5 s here); both are
+fixed costs whatever the pipeline's length.
+
+Then, on the last round's projects (every stage up to date, so all of a run is orchestration), three
+runs in a row each way: the served deployment's flow run created through the Prefect API (what a
+schedule or the UI's Run button does; the serve polls for it), `alignflow run sft` with the serve
+up, and a one-shot `alignflow run sft`. A served run's cost is the same for the first run and the
+third: the imports were paid once, when the serve started.
 
 This machine's speed drifts with steal time by more than the effect measured, so two numbers
 are reported:
@@ -34,21 +46,26 @@ are reported:
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import psutil
 
 from flows.catalog import PIPELINES
 from flows.local_server import local_prefect_server
+from flows.submit import connect
 from tasks.common.cluster import LOCAL_RAY
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,6 +81,7 @@ FIELDS = ("wall", "stage_wall", "cpu_during_stages", "before_first", "after_last
 POLL_SECONDS = 0.05
 # The target: what Prefect + Ray + DVC add to a run on running infrastructure, as production runs it.
 TARGET_OVERHEAD = 0.05
+IN_A_ROW = 3
 
 
 @dataclass
@@ -208,6 +226,36 @@ def ray_cluster(env: dict) -> Iterator[tuple[str, list[psutil.Process]]]:
         subprocess.run([ray, "stop"], env=env, check=False, capture_output=True)
 
 
+@contextmanager
+def serving(project: Path, env: dict) -> Iterator[psutil.Process]:
+    """`alignflow serve` in ``project``, once it takes runs; stopped (SIGTERM) after."""
+    log = project.with_name(f"{project.name}-serve.log")
+    with log.open("wb") as output:
+        serve = subprocess.Popen(
+            ["alignflow", "serve"],
+            cwd=project,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 600
+        while (connection := connect(project)) is None:
+            if serve.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"alignflow serve did not come up in {project}:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        connection.close()
+        yield psutil.Process(serve.pid)
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        try:
+            serve.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(serve.pid, signal.SIGKILL)
+            serve.wait()
+
+
 def main(rounds: int, overrides: list[str]) -> None:
     with (
         tempfile.TemporaryDirectory() as scratch,
@@ -217,25 +265,38 @@ def main(rounds: int, overrides: list[str]) -> None:
         scratch = Path(scratch)
         port = prefect_env["PREFECT_API_URL"].rsplit(":", 1)[1].split("/")[0]
         (server,) = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and port in p.info["cmdline"]]
-        infrastructure = [server, *ray_daemons]
         commands = stage_commands(clone(scratch / "dag", overrides))
         targets = PIPELINES[PIPELINE].targets
+        on_ray = {**prefect_env, "RAY_ADDRESS": ray_address}
         how = {
             "direct": (commands, ENV),
             "dvc": ([[sys.executable, "-m", "dvc", "repro", *targets]], ENV),
-            "prefect": ([["alignflow", "run", PIPELINE]], {**prefect_env, "RAY_ADDRESS": ray_address}),
+            "served": ([["alignflow", "run", PIPELINE]], on_ray),
+            "prefect": ([["alignflow", "run", PIPELINE]], on_ray),
             "prefect+ray": ([["alignflow", "run", PIPELINE]], prefect_env),
         }
         legs: dict[str, list[Leg]] = {name: [] for name in how}
         order = list(how)
         for round_number in range(rounds):
-            shift = round_number % len(order)
-            for name in order[shift:] + order[:shift]:
-                leg_commands, env = how[name]
-                project = clone(scratch / f"{name}-{round_number}", overrides)
-                leg = watched(leg_commands, project, env, infrastructure)
-                legs[name].append(leg)
-                print(f"round {round_number + 1}: {name:<11} {_describe(leg)}", flush=True)
+            # The serve of this round's served leg, in that leg's clone: infrastructure, up before every leg.
+            served = clone(scratch / f"served-{round_number}", overrides)
+            with serving(served, on_ray) as serve:
+                infrastructure = [server, *ray_daemons, serve]
+                shift = round_number % len(order)
+                for name in order[shift:] + order[:shift]:
+                    leg_commands, env = how[name]
+                    project = served if name == "served" else clone(scratch / f"{name}-{round_number}", overrides)
+                    leg = watched(leg_commands, project, env, infrastructure)
+                    legs[name].append(leg)
+                    print(f"round {round_number + 1}: {name:<11} {_describe(leg)}", flush=True)
+                if round_number == rounds - 1:  # on projects the legs left up to date
+                    in_a_row = {
+                        "scheduled on the served deployment (start to end)": scheduled_runs(prefect_env),
+                        f"`alignflow run {PIPELINE}`, served": timed_runs(served, on_ray),
+                        f"`alignflow run {PIPELINE}`, one-shot": timed_runs(
+                            scratch / f"prefect-{round_number}", on_ray
+                        ),
+                    }
 
     settings = f": {' '.join(overrides)}" if overrides else ""
     print(f"\n{PIPELINE} pipeline, {len(commands)} stages, {rounds} round(s){settings}; medians:")
@@ -246,19 +307,71 @@ def main(rounds: int, overrides: list[str]) -> None:
         print(f"  {name:<11} {ratio:6.3f}x direct  {_describe(median)}")
 
     stages = statistics.median(d.stage_wall for d in direct)
-    overheads = {name: _overhead(legs[name], direct, stages) for name in ("prefect", "prefect+ray")}
-    end_to_end, as_spent = overheads["prefect"]
+    overheads = {name: _overhead(legs[name], direct, stages) for name in ("served", "prefect", "prefect+ray")}
+    end_to_end, as_spent = overheads["served"]
     verdict = "meets" if max(end_to_end, as_spent) <= TARGET_OVERHEAD else "misses"
     print(
-        f"\norchestration overhead of the Prefect flow on Ray, with DVC recording the lock, over the direct run:\n"
+        f"\norchestration overhead of the Prefect flow on Ray, with DVC recording the lock, run by `alignflow serve`, "
+        f"over the direct run:\n"
         f"  end to end (median of the per-round ratios) {end_to_end:+.1%}, as spent {as_spent:+.1%}: "
         f"{verdict} the target of +{TARGET_OVERHEAD:.0%}"
     )
-    own_end_to_end, own_as_spent = overheads["prefect+ray"]
+    for name, what in (
+        ("prefect", "a one-shot `alignflow run` (no serve) joining the running Ray"),
+        ("prefect+ray", "a one-shot `alignflow run` starting and stopping a Ray of its own"),
+    ):
+        one_shot_end_to_end, one_shot_as_spent = overheads[name]
+        print(f"  {what}: {one_shot_end_to_end:+.1%} end to end, {one_shot_as_spent:+.1%} as spent")
+
     print(
-        f"  a one-shot `alignflow run` starting and stopping a Ray of its own: {own_end_to_end:+.1%} end to end, "
-        f"{own_as_spent:+.1%} as spent; the difference is Ray's start-up and shutdown, paid once per run"
+        f"\n{IN_A_ROW} runs in a row of the up-to-date {PIPELINE} pipeline (every stage skipped: all of it is "
+        "orchestration), seconds per run:"
     )
+    width = max(map(len, in_a_row))
+    for what, runs in in_a_row.items():
+        print(f"  {what:<{width}}  " + ", ".join(f"run {i + 1} {run:5.2f}" for i, run in enumerate(runs)))
+
+
+def timed_runs(project: Path, env: dict) -> list[float]:
+    """The wall time of each of IN_A_ROW `alignflow run`s in ``project``, one after another."""
+    times = []
+    for _ in range(IN_A_ROW):
+        started = time.perf_counter()
+        subprocess.run(["alignflow", "run", PIPELINE], cwd=project, env=env, check=True, capture_output=True)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def _api(env: dict, path: str, payload: dict | None = None) -> object:
+    """A Prefect API call; like Prefect's own client, retried while the server answers 503 (SQLite busy)."""
+    data = None if payload is None else json.dumps(payload).encode()
+    for attempt in range(10):
+        request = urllib.request.Request(f"{env['PREFECT_API_URL']}{path}", data, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            if error.code != 503 or attempt == 9:
+                raise
+        time.sleep(0.5)
+
+
+def scheduled_runs(env: dict) -> list[float]:
+    """Each of IN_A_ROW flow runs of the served deployment created through the Prefect API (as a schedule or the
+    UI creates one) one after another, from its start to its end as Prefect records them: the serve polls for them
+    (every POLL_SECONDS), which this leaves out."""
+    (deployment,) = _api(env, "/deployments/filter", {"deployments": {"name": {"any_": [PIPELINE]}}})
+    times = []
+    for _ in range(IN_A_ROW):
+        run = _api(env, f"/deployments/{deployment['id']}/create_flow_run", {})
+        while (run := _api(env, f"/flow_runs/{run['id']}"))["state"]["type"] not in ("COMPLETED", "FAILED", "CRASHED"):
+            time.sleep(0.1)
+        if run["state"]["type"] != "COMPLETED":
+            raise RuntimeError(f"the scheduled flow run ended {run['state']['type']}: {run['state']['message']}")
+        times.append(
+            (datetime.fromisoformat(run["end_time"]) - datetime.fromisoformat(run["start_time"])).total_seconds()
+        )
+    return times
 
 
 def _overhead(runs: list[Leg], direct: list[Leg], stages: float) -> tuple[float, float]:

@@ -77,7 +77,8 @@ def _parser() -> argparse.ArgumentParser:
         "run",
         help="run a pipeline as a Prefect flow, each stage on Ray",
         description="Run a pipeline as a Prefect flow (stages on Ray; up-to-date stages are skipped). "
-        "Overrides are validated, then written into params.yaml so dvc.lock records them.",
+        "Overrides are validated, then written into params.yaml so dvc.lock records them. When `alignflow serve` "
+        "runs in this project, the run executes there (its logs and report stream back here; Ctrl-C cancels it).",
     )
     run.add_argument("pipeline", choices=PIPELINES, help="pipeline name: " + ", ".join(PIPELINES))
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="param overrides, e.g. sft.lr=1e-4")
@@ -188,14 +189,20 @@ def _check_user_data(params: Any) -> None:
             read_shards(source, params.task.name)
 
 
-def _run_pipeline(args: argparse.Namespace) -> None:
+def _run_pipeline(args: argparse.Namespace) -> int | None:
     import threading
 
-    from tasks.common.cluster import connect_ray
+    from flows.submit import run_served
     from tasks.common.params import load_params
 
     params = load_params("params.yaml", args.overrides)  # the same messages as `alignflow stage`, before Prefect starts
     _check_user_data(params)
+    # An `alignflow serve` of this project runs it in its process, which has Prefect, DVC and torch imported already.
+    status = run_served(Path.cwd(), args.pipeline, args.overrides)
+    if status is not None:
+        return status
+    from tasks.common.cluster import connect_ray
+
     # Ray's start-up mostly waits on its daemons, Prefect's import mostly computes: overlap the two.
     # (ray.init must run on the main thread, so the imports go to a helper thread.)
     importer = threading.Thread(target=importlib.import_module, args=("flows.pipelines",))

@@ -133,7 +133,11 @@ def _field(info: FieldInfo, key: str, value: Any) -> tuple[Any, Any]:
 
 
 def _leaves(values: BaseModel, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(key, value) of every field the submission set, in the form's order: a field it left out keeps whatever
+    params.yaml holds when the run starts, not the default the form was built with."""
     for name in type(values).model_fields:
+        if name not in values.model_fields_set:
+            continue
         value = getattr(values, name)
         if isinstance(value, BaseModel):
             yield from _leaves(value, f"{prefix}{name}.")
@@ -150,7 +154,8 @@ def _current(params: Params, key: str) -> Any:
 
 def changed_overrides(values: BaseModel, params: Params) -> list[str]:
     """The dotlist overrides (``['sft.lr=0.0001']``) that set what the form ``values`` hold where it differs from
-    ``params``: none for a form submitted unchanged."""
+    ``params``: none for a form submitted unchanged. Only what the submission set counts: the UI's form sends every
+    value, the CLI (and a served ``alignflow run``) only its overrides, and a scheduled run none."""
     # JSON quotes a string, so a value such as "1" or "null" stays a string through omegaconf's and DVC's parsers.
     return [f"{key}={json.dumps(value)}" for key, value in _leaves(values) if value != _current(params, key)]
 

@@ -15,14 +15,18 @@ runs triggered together never interleave writes to params.yaml, outputs or dvc.l
 
 import functools
 import shutil
+import signal
+import threading
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 from dvc.utils.hydra import apply_overrides
-from filelock import FileLock
+from filelock import FileLock, Timeout
 from prefect import Flow, flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
+from prefect.exceptions import TerminationSignal
 from prefect.futures import PrefectFuture, wait
 from pydantic import BaseModel
 
@@ -58,6 +62,51 @@ def run_lock(project: Path) -> FileLock:
 
 
 _POLL_SECONDS = 0.5
+
+
+class RunCancelled(TerminationSignal):
+    """The flow run was cancelled from another thread of its process (``cancel_run``), as ``alignflow serve``,
+    which executes every run in its own process, cancels one: Prefect's engine takes it as the SIGTERM a runner
+    sends a run's own process."""
+
+    def __init__(self) -> None:
+        super().__init__(signal.SIGTERM)
+
+
+# Set by cancel_run until reset_cancel: a new stage (start_run) does not clear it, as it clears the interrupt.
+_CANCELLED = threading.Event()
+
+
+def cancel_run() -> None:
+    """Cancel the flow run this process executes: its stages stop at once (their Ray tasks are cancelled), and the
+    flow raises RunCancelled where it next waits, for a stage or for the run lock."""
+    _CANCELLED.set()
+    interrupt_run()
+
+
+def reset_cancel() -> None:
+    """Before the next flow run of a process that executes one after another."""
+    _CANCELLED.clear()
+
+
+def check_cancelled() -> None:
+    if _CANCELLED.is_set():
+        raise RunCancelled()
+
+
+@contextmanager
+def holding(lock: FileLock) -> Iterator[None]:
+    """``with lock``, waiting in short polls so that a run cancelled while queued stops waiting."""
+    while True:
+        try:
+            lock.acquire(timeout=_POLL_SECONDS)
+            break
+        except Timeout:
+            check_cancelled()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 @task(task_run_name="{stage.name}")
@@ -109,9 +158,12 @@ def _stage_summary(
 
 def result_or_interrupt(future: PrefectFuture) -> Any:
     """``future.result()``, waiting in short polls: Ctrl-C reaches a blocked main thread only when the kernel
-    delivers SIGINT to that thread, and with Prefect's and Ray's threads around it may pick another."""
+    delivers SIGINT to that thread, and with Prefect's and Ray's threads around it may pick another; and a run
+    cancelled from another thread (``cancel_run``) stops waiting."""
     while not future.wrapped_future.done():
+        check_cancelled()
         future.wait(timeout=_POLL_SECONDS)
+    check_cancelled()  # a stage the cancel interrupted failed: the run was cancelled, not failed
     return future.result()
 
 
@@ -132,6 +184,7 @@ def run_pipeline(name: str, overrides: list[str], project: Path, push_after: boo
             write_overrides(project / "params.yaml", overrides)
             logger.info(f"params.yaml updated with {', '.join(overrides)}")
         connect_ray(params.runner)
+        check_cancelled()
         start_run()
         stage_task = run_stage.with_options(
             retries=params.runner.retries, retry_delay_seconds=params.runner.retry_delay_seconds
@@ -170,7 +223,7 @@ def form_flow(
     def run(params: BaseModel = current) -> Any:
         project = Path.cwd()
         # Compared under the run lock: a run queued behind another compares with the params.yaml that one left.
-        with run_lock(project):
+        with holding(run_lock(project)):
             return body(changed_overrides(params, load_params(project / "params.yaml")), project)
 
     run.__annotations__["params"] = form  # Prefect's form, and its validation of a run's parameters, read the type

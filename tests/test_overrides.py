@@ -160,6 +160,14 @@ def test_the_form_rejects_what_the_cli_rejects(forms, pipeline, bad):
         forms[pipeline].model_validate(bad)
 
 
+def test_a_field_the_submission_leaves_out_keeps_what_params_yaml_holds_when_the_run_starts(forms):
+    """A long-lived `alignflow serve` built its forms from params.yaml as it was then: a run submitted since with
+    some fields (the CLI's overrides) or none (a schedule's) must not put the other fields back to those values."""
+    since = load_params(REPO / "params.yaml", ["sft.lr=0.0003", "eval.k=3"])  # another run's overrides, written
+    assert changed_overrides(forms["sft"].model_validate({"sft": {"max_steps": 7}}), since) == ["sft.max_steps=7"]
+    assert changed_overrides(forms["sft"](), since) == []  # a scheduled run's form: nothing set
+
+
 def test_cli_overrides_fill_the_form_and_a_key_the_pipeline_does_not_read_is_named(forms):
     values = form_values("sft", forms["sft"], ["sft.lr=1e-4", "sft.num_examples=100", "base.model_path=null"])
     assert changed_overrides(values, PARAMS) == ["sft.lr=0.0001", "sft.num_examples=100"]

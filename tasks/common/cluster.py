@@ -8,6 +8,7 @@ import ray
 from tasks.common.config import RunnerConfig
 
 _shutting_down: threading.Thread | None = None
+_held = False  # hold_ray: this process stays in Ray between runs
 
 # A local Ray shares the machine's cores with the stages it runs, so it should be quiet when idle:
 LOCAL_RAY = {
@@ -42,9 +43,18 @@ def connect_ray(runner: RunnerConfig, log_to_driver: bool = False) -> str:
     return ray.get_runtime_context().gcs_address
 
 
+def hold_ray() -> None:
+    """Stay in Ray for as long as this process lives: ``release_ray`` leaves it joined. For a process that runs
+    one flow after another (``alignflow serve``), so no run pays Ray's start-up or shutdown."""
+    global _held
+    _held = True
+
+
 def release_ray() -> None:
     """Leave Ray (stopping a local one) in the background: it takes a second or two, and nothing waits on it
-    but the next ``connect_ray`` (and the interpreter's exit)."""
+    but the next ``connect_ray`` (and the interpreter's exit). Nothing, in a process that holds Ray."""
     global _shutting_down
+    if _held:
+        return
     _shutting_down = threading.Thread(target=ray.shutdown, name="ray-shutdown")
     _shutting_down.start()
