@@ -220,11 +220,13 @@ def _run_pipeline(args: argparse.Namespace) -> int | None:
 def _repro(args: argparse.Namespace) -> int:
     from dvc.cli import main as dvc_main
 
+    from flows.yaml_once import yaml_parsed_once
     from tasks.common.params import load_params
 
     # DVC removes a stage's outputs before running it: a params.yaml the stage would refuse must never get that far.
     params = load_params("params.yaml")
-    status = dvc_main(["repro", *PIPELINES[args.pipeline].stages(params)])
+    with yaml_parsed_once():
+        status = dvc_main(["repro", *PIPELINES[args.pipeline].stages(params)])
     if status == 0 and params.remote.push:
         from flows.remote import push
 
