@@ -49,11 +49,11 @@ from tqdm.auto import tqdm
 from models import load_policy, load_tokenizer, resolve_device
 from tasks.common.artifacts import model_dir
 from tasks.common.config import Params
-from tasks.common.params import load_params
 from tasks.common.training import adamw_with_cosine, guarded_step, make_deterministic
 from tasks.data.datasets import read_examples
 from tasks.data.problems import Example
 from tasks.data.prompts import PromptFormat
+from tasks.params.load import load_params
 from tasks.rl import trainer as rl
 from tasks.rl.core_algos import sft_loss
 from tasks.rl.distillation import distillation_learner

@@ -74,9 +74,9 @@ def alignflow_leg(project: Path, prompts: Path, steps: int, batch: int, out: Pat
     """Step times of ``steps`` distill iterations (collect + learn_distillation), and the time split and mean
     response length of the steps after the first; the trained student goes to ``out``."""
     from models import load_tokenizer
-    from tasks.common.params import load_params
     from tasks.common.training import make_deterministic
     from tasks.data.datasets import read_examples
+    from tasks.params.load import load_params
     from tasks.rl.distillation import distill_roles, learn_distillation
     from tasks.rl.learner import LoopState
     from tasks.rl.placement import place
@@ -158,8 +158,8 @@ def trl_leg(
 
 def pass_at_1(project: Path, model: Path) -> float:
     """Greedy pass@1 of ``model`` on the first HELD_OUT held-out problems, as the eval stage decodes them."""
-    from tasks.common.params import load_params
     from tasks.data.datasets import read_examples
+    from tasks.params.load import load_params
     from tasks.rollout.hf_engine import policy_engine
     from tasks.stages.eval import greedy_responses
 

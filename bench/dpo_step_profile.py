@@ -17,8 +17,8 @@ from harness import real_overrides
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from models.trainable import autocast, trainable_policy
-from tasks.common.params import load_params
 from tasks.common.training import adamw_with_cosine, guarded_step
+from tasks.params.load import load_params
 
 
 def main(project: Path, threads: int) -> None:

@@ -227,7 +227,7 @@ def paired_gap(ours: list[bool], theirs: list[bool]) -> tuple[float, float]:
 
 
 def main(model: str, steps: int, project: Path | None, heldout_pairs: int | None) -> None:
-    from tasks.common.params import load_params
+    from tasks.params.load import load_params
 
     trl_python()
     stages = (*COLD_START, *PREFERENCES)

@@ -29,10 +29,10 @@ from tqdm.auto import tqdm
 
 from models import load_tokenizer
 from tasks.common.config import Params
-from tasks.common.params import load_params
 from tasks.common.training import make_deterministic
 from tasks.data.datasets import read_examples
 from tasks.data.problems import Example
+from tasks.params.load import load_params
 from tasks.rl import trainer as rl
 from tasks.rl.core_algos import ADVANTAGE_ESTIMATORS
 from tasks.rl.learner import LoopState, Rollout

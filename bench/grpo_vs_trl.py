@@ -224,7 +224,7 @@ def rates(seconds: list[float], tokens: list[float]) -> tuple[float, float]:
 
 
 def main(model: str, steps: int, rounds: int, project: Path | None, prompts: int | None, limit: int | None) -> None:
-    from tasks.common.params import load_params
+    from tasks.params.load import load_params
 
     trl_python()
     trl_legs = {"TRL, gradient checkpointing off": False}

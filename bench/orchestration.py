@@ -63,10 +63,10 @@ from pathlib import Path
 
 import psutil
 
-from flows.catalog import PIPELINES
 from flows.local_server import local_prefect_server
 from flows.submit import connect
 from tasks.common.cluster import LOCAL_RAY
+from tasks.pipelines import PIPELINES
 
 REPO = Path(__file__).resolve().parents[1]
 # Ray enables token authentication by default (the token in ~/.ray/auth_token), but a client joining a cluster by

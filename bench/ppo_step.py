@@ -15,9 +15,9 @@ from importlib.util import find_spec
 from models import load_tokenizer
 from tasks.common.artifacts import DATA_DIR, member_dirs, model_dir
 from tasks.common.config import ConfigError
-from tasks.common.params import load_params
 from tasks.common.training import make_deterministic
 from tasks.data.datasets import read_examples
+from tasks.params.load import load_params
 from tasks.rl.learner import LoopState
 from tasks.rl.placement import place
 from tasks.rl.policy_gradient import learn, needed_roles

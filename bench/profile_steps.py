@@ -29,10 +29,10 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from models import load_policy, load_tokenizer
 from tasks.common.flops import matmul_peak, mfu
-from tasks.common.params import load_params
 from tasks.common.training import adamw_with_cosine, make_deterministic
 from tasks.data.datasets import read_examples
 from tasks.data.prompts import BARE
+from tasks.params.load import load_params
 from tasks.rl import trainer as rl
 from tasks.rl.core_algos import sft_loss
 from tasks.rl.learner import LoopState

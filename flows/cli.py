@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from flows.catalog import PIPELINES
 from tasks.common.registry import usage_name
-from tasks.stages.kinds import stage_kinds
+from tasks.kinds import stage_kinds
+from tasks.pipelines import PIPELINES
 
 
 def _description() -> str:
@@ -122,7 +122,7 @@ def _parser() -> argparse.ArgumentParser:
     generate = commands.add_parser(
         "generate",
         help="write dvc.yaml and params.yaml from the stage kinds and the params schema",
-        description="Write dvc.yaml's stages from tasks/stages/kinds.py and params.yaml from the schema, keeping "
+        description="Write dvc.yaml's stages from tasks/kinds.py and params.yaml from the schema, keeping "
         "params.yaml's values (a new key at its default). --check writes nothing and fails when either is stale.",
     )
     generate.add_argument("--check", action="store_true", help="exit 1 if a file would change, naming it")
@@ -151,8 +151,8 @@ def _bounds(info: Any) -> str:
 def _stage_help(name: str, params_file: str) -> None:
     """``alignflow stage NAME --help``: what the stage does and reads, and every param it reads with its value,
     bounds and help."""
-    from tasks.common.params import field_at, fields_with_keys, load_params
     from tasks.common.registry import parse_stage_name
+    from tasks.params.load import field_at, fields_with_keys, load_params
 
     kind, _ = parse_stage_name(name)
     params = load_params(params_file) if Path(params_file).is_file() else None
@@ -171,8 +171,8 @@ def _stage_help(name: str, params_file: str) -> None:
 
 
 def _run_stage(args: argparse.Namespace) -> None:
-    from tasks.common.params import load_params
     from tasks.common.registry import parse_stage_name, run_stage
+    from tasks.params.load import load_params
 
     parse_stage_name(args.name)
     _quiet_libraries()  # before anything imports huggingface_hub, which reads HF_HUB_OFFLINE once, at import
@@ -193,7 +193,7 @@ def _run_pipeline(args: argparse.Namespace) -> int | None:
     import threading
 
     from flows.submit import run_served
-    from tasks.common.params import load_params
+    from tasks.params.load import load_params
 
     params = load_params("params.yaml", args.overrides)  # the same messages as `alignflow stage`, before Prefect starts
     _check_user_data(params)
@@ -220,13 +220,11 @@ def _run_pipeline(args: argparse.Namespace) -> int | None:
 def _repro(args: argparse.Namespace) -> int:
     from dvc.cli import main as dvc_main
 
-    from flows.yaml_once import yaml_parsed_once
-    from tasks.common.params import load_params
+    from tasks.params.load import load_params
 
     # DVC removes a stage's outputs before running it: a params.yaml the stage would refuse must never get that far.
     params = load_params("params.yaml")
-    with yaml_parsed_once():
-        status = dvc_main(["repro", *PIPELINES[args.pipeline].stages(params)])
+    status = dvc_main(["repro", *PIPELINES[args.pipeline].stages(params)])
     if status == 0 and params.remote.push:
         from flows.remote import push
 
@@ -238,14 +236,14 @@ def _repro(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> None:
     from flows.deployments import serve_pipelines
-    from tasks.common.params import load_params
+    from tasks.params.load import load_params
 
     serve_pipelines(load_params("params.yaml"))
 
 
 def _retrain(args: argparse.Namespace) -> None:
     from tasks.common.cluster import connect_ray
-    from tasks.common.params import load_params
+    from tasks.params.load import load_params
 
     params = load_params("params.yaml", args.overrides)  # before Prefect or Ray start
     _check_user_data(params)

@@ -40,7 +40,6 @@ from typing import Any
 
 import ray
 from prefect import Flow
-from prefect._internal import control_listener
 from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy, FlowRun
 from prefect.deployments.runner import EntrypointType
@@ -54,6 +53,7 @@ from prefect.utilities.engine import propose_state_sync
 from flows import submit
 from flows.overrides import form_values
 from flows.pipelines import FLOWS, FORMS, cancel_run, reset_cancel
+from flows.prefect_internals import clear_intent, commit_cancel_intent
 from flows.report import render
 from flows.retrain import RETRAIN_FLOWS
 from flows.runner import CANCEL_SECONDS
@@ -366,7 +366,7 @@ class InProcessRunner:
         else:
             job.finish({"done": render(result) if job.pipeline else str(result)})
         finally:
-            control_listener.clear_intent()
+            clear_intent()
             job.done = True
 
     def _claim(self, job: _Job) -> bool:
@@ -400,7 +400,7 @@ class InProcessRunner:
             self._cancel_queued(job, why)
         elif job is self.current:
             # The engine ends a run on a termination signal as cancelled, not crashed, when a runner has said so.
-            control_listener._set_intent("cancel")
+            commit_cancel_intent()
             cancel_run()
 
     def _cancel_queued(self, job: _Job, why: str) -> None:

@@ -1,4 +1,4 @@
-"""dvc.yaml and params.yaml, written from the declarations: the stage kinds (``tasks/stages/kinds.yaml``) and the
+"""dvc.yaml and params.yaml, written from the declarations: the stage kinds (``tasks/kinds.yaml``) and the
 params schema (``tasks/common/config``).
 
 A stage kind is declared once; its dvc.yaml entry (command, inputs, code, params, outputs, metrics) is derived:
@@ -18,26 +18,26 @@ from typing import Any
 
 import yaml
 
-from flows.catalog import PIPELINES
 from flows.imports import REPO, has_code, transitive_imports
 from tasks.common.artifacts import CURVE_FILE, PERF_FILE, PERF_STEPS_FILE, model_dir
 from tasks.common.config import Params
 from tasks.common.config.fields import schema_fields
-from tasks.common.registry import model_kinds, param_reference
-from tasks.stages.kinds import PROMPT_PARAMS, StageKind, stage_kinds
+from tasks.common.registry import param_reference
+from tasks.kinds import PROMPT_PARAMS, StageKind, model_kinds, stage_kinds
+from tasks.pipelines import PIPELINES
 
 # The shared library every stage leans on is listed whole; the rest file by file, or by package when a stage
 # imports all of it.
 _LIBRARY = ("tasks/common", "models")
 # The loader of the declarations dvc.yaml is written from: a change to a stage kind shows in dvc.yaml itself.
-_DECLARATIONS = ("tasks/stages/kinds.py",)
+_DECLARATIONS = ("tasks/kinds.py",)
 _WIDTH = 120
 
 _DVC_HEADER = """\
-# Written by `alignflow generate` from tasks/stages/kinds.yaml (one declaration per stage kind) and params.yaml:
+# Written by `alignflow generate` from tasks/kinds.yaml (one declaration per stage kind) and params.yaml:
 # edit those, then run it; `alignflow generate --check` (run by the tests) fails when this file is stale.
 #
-# The pipelines (flows/catalog.py names them; `alignflow repro <pipeline>` runs one):
+# The pipelines (tasks/pipelines.py names them; `alignflow repro <pipeline>` runs one):
 {pipelines}
 # and every trained model is evaluated on the held-out split (eval@<model>).
 # Every stage runs `alignflow stage <name>`, reads its settings from params.yaml, writes to a
@@ -204,7 +204,7 @@ def render_params_yaml(params: Params) -> str:
 
 def generated(project: Path) -> dict[Path, str]:
     """dvc.yaml and params.yaml as they should read, from the project's params.yaml."""
-    from tasks.common.params import load_params
+    from tasks.params.load import load_params
 
     params = load_params(project / "params.yaml")
     return {project / "dvc.yaml": render_dvc_yaml(params), project / "params.yaml": render_params_yaml(params)}

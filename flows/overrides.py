@@ -21,10 +21,10 @@ from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_serializer
 from pydantic.fields import FieldInfo
 
-from flows.catalog import PIPELINES
 from flows.runner import read_dag
 from tasks.common.config import ConfigError, Params
 from tasks.common.config.fields import schema_fields
+from tasks.pipelines import PIPELINES
 
 # Where work is placed (Ray addresses, resources, workers per role or stage) is the deployment's business, not a
 # run's: it stays in params.yaml.

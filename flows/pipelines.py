@@ -30,7 +30,6 @@ from prefect.exceptions import TerminationSignal
 from prefect.futures import PrefectFuture, wait
 from pydantic import BaseModel
 
-from flows.catalog import PIPELINES
 from flows.overrides import changed_overrides, form_model
 from flows.remote import push
 from flows.report import collect, markdown_table, stage_metrics
@@ -48,7 +47,8 @@ from flows.runner import (
 from tasks.common.artifacts import CURVE_FILE, atomic_output, metrics_dir
 from tasks.common.cluster import connect_ray, release_ray
 from tasks.common.config import Params, RunnerConfig
-from tasks.common.params import load_params
+from tasks.params.load import load_params
+from tasks.pipelines import PIPELINES
 
 RUN_LOCK = Path(".alignflow") / "run.lock"
 T = TypeVar("T")
@@ -128,7 +128,7 @@ def run_stage(project: Path, stage: StageSpec, runner: RunnerConfig) -> dict[str
     curve = project / metrics_dir(stage.name) / CURVE_FILE
     create_markdown_artifact(
         key=stage.name.replace("@", "-").replace("_", "-").lower(),
-        markdown=_stage_summary(stage.name, ran, metrics, produced, curve.read_text() if curve.is_file() else None),
+        markdown=stage_summary(stage.name, ran, metrics, produced, curve.read_text() if curve.is_file() else None),
         description=f"{stage.name}: metrics and outputs",
     )
     return {"stage": stage.name, "ran": ran, "outputs": produced, "metrics": metrics}
@@ -138,7 +138,7 @@ def run_stage(project: Path, stage: StageSpec, runner: RunnerConfig) -> dict[str
 _CURVE_ROWS = 20
 
 
-def _stage_summary(
+def stage_summary(
     name: str, ran: bool, metrics: dict[str, Any], produced: dict[str, str], curve: str | None = None
 ) -> str:
     """The stage's metrics, its gold-vs-proxy curve (the TSV's text, when it writes one) and its outputs."""

@@ -17,9 +17,9 @@ from typing import Any
 import gto.api
 from gto.exceptions import ArtifactNotFound
 
-from flows.catalog import PIPELINES
 from tasks.common.artifacts import model_dir
 from tasks.common.config import ConfigError, Params
+from tasks.pipelines import PIPELINES
 
 PROD = "prod"
 _AUTHOR = {"author": "alignflow", "author_email": "alignflow@localhost"}

@@ -25,7 +25,6 @@ from prefect import Flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel
 
-from flows.catalog import PIPELINES
 from flows.dag import open_repo
 from flows.gate import decide, score, score_at
 from flows.lineage import shards_at
@@ -34,8 +33,9 @@ from flows.registry import Decision, artifact_name, assign_prod, check_artifact_
 from flows.remote import push
 from flows.runner import read_dag
 from tasks.common.config import Params
-from tasks.common.params import load_params
 from tasks.data.datasets import read_shards, shard_files
+from tasks.params.load import load_params
+from tasks.pipelines import PIPELINES
 
 
 def track_shards(project: Path, params: Params) -> list[str]:

@@ -7,6 +7,8 @@ neither torch nor transformers.
 import importlib
 from typing import Any
 
+ALL_LINEAR = "all-linear"  # PEFT's name for every linear layer but the output head
+
 _HOMES = {
     "context_length": "models.roles",
     "load_critic": "models.roles",

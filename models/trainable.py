@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from tasks.common.config.sections import ALL_LINEAR
+from models import ALL_LINEAR
 
 ADAPTER_DIR = "adapter"  # beside the merged model: the adapter alone, loadable with peft onto the stage's init
 COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "bf16-mixed": torch.bfloat16}

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from flows.catalog import PIPELINES
+from tasks.pipelines import PIPELINES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -196,7 +196,7 @@ def dvc(path: Path, *args: str) -> str:
 
 def repro(path: Path, pipeline: str = "sft") -> str:
     """`dvc repro` of a pipeline's final stages (what `alignflow repro <pipeline>` runs)."""
-    from tasks.common.params import load_params
+    from tasks.params.load import load_params
 
     return dvc(path, "repro", *PIPELINES[pipeline].stages(load_params(path / "params.yaml")))
 

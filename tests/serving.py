@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from flows.catalog import PIPELINES
+from tasks.pipelines import PIPELINES
 
 
 def api(env: dict[str, str], path: str, payload: dict | None = None) -> Any:

@@ -12,15 +12,15 @@ import sys
 import pytest
 from dvc.repo import Repo
 
-from flows.catalog import PIPELINES
 from flows.generate import generated, stale
 from flows.imports import has_code, transitive_imports
 from flows.registry import check_artifact_path
 from tasks.common.artifacts import stage_dir
 from tasks.common.config import ConfigError
-from tasks.common.params import load_params
 from tasks.common.registry import parse_stage_name, read_artifacts
-from tasks.stages.kinds import stage_kinds
+from tasks.kinds import stage_kinds
+from tasks.params.load import load_params
+from tasks.pipelines import PIPELINES
 from tests.conftest import ENV, REPO, make_project
 
 _COMMAND = re.compile(r"alignflow stage (\S+)")
@@ -49,7 +49,7 @@ def test_every_module_a_stage_imports_is_among_its_deps(dvc_stages):
         deps = [REPO / dep.def_path for dep in stage.deps]
         imported = transitive_imports(kind.entry.partition(":")[0])
         # The stage kinds' declarations are what dvc.yaml is written from: a change there shows in dvc.yaml itself.
-        declarations = {REPO / "tasks/stages/kinds.py"}
+        declarations = {REPO / "tasks/kinds.py"}
         uncovered = [
             str(path.relative_to(REPO))
             for path in imported.values()

@@ -25,10 +25,10 @@ from flows.local_server import free_port
 from tasks.common.cluster import connect_ray
 from tasks.common.config import ConfigError, ParallelConfig, Params, RewardModelConfig, StageResources
 from tasks.common.distributed import Rank, WorkerLost, data_parallel, run_data_parallel
-from tasks.common.params import load_params
 from tasks.common.registry import run_stage
 from tasks.common.training import Checkpointer
 from tasks.data.datasets import PreferencePair, read_examples, write_jsonl
+from tasks.params.load import load_params
 from tasks.rl.placement import check_engines_fit
 from tasks.stages.reward_model import train_member
 from tests.conftest import ENV, kill_at_first_checkpoint, make_project

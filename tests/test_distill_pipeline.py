@@ -95,7 +95,7 @@ def test_the_teacher_runs_on_a_ray_actor_of_its_own_when_not_colocated(distill, 
 
     from models import load_tokenizer
     from tasks.common.artifacts import DATA_DIR, model_dir
-    from tasks.common.params import load_params
+    from tasks.params.load import load_params
     from tasks.rl.distillation import distill_roles, learn_distillation
     from tasks.rl.learner import LoopState
     from tasks.rl.placement import place

@@ -11,10 +11,10 @@ from safetensors.torch import load_file
 from flows.cli import main
 from models import build_char_tokenizer, build_tiny_llama, load_tokenizer
 from tasks.common.config import BaseConfig, ConfigError, Params
-from tasks.common.params import load_params
 from tasks.common.training import make_deterministic
 from tasks.data.problems import Example
 from tasks.data.prompts import BARE
+from tasks.params.load import load_params
 from tasks.rl.distill_losses import DISTILL_LOSSES
 from tasks.rl.distillation import distill_roles, learn_distillation, teacher_batches
 from tasks.rl.learner import LoopState

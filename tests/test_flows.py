@@ -15,7 +15,7 @@ import psutil
 import pytest
 from prefect.futures import PrefectConcurrentFuture
 
-from flows.pipelines import _stage_summary, result_or_interrupt
+from flows.pipelines import result_or_interrupt, stage_summary
 from flows.report import stage_metrics
 from flows.runner import is_up_to_date, outputs
 from tests.conftest import lock_entries, make_project
@@ -194,11 +194,11 @@ def test_waiting_for_a_stage_yields_to_ctrl_c_that_lands_on_another_thread():
     assert time.monotonic() - started < 3
 
 
-def test_a_stage_summary_shows_its_gold_vs_proxy_curve_thinned_to_its_end():
+def test_astage_summary_shows_its_gold_vs_proxy_curve_thinned_to_its_end():
     rows = "\n".join(f"{step}\t{step / 100:.2f}\t0.5\t0.1" for step in range(1, 46))
-    summary = _stage_summary("ppo", True, {"peak_gold_reward": 0.7}, {}, "step\tsqrt_kl\tgold\tproxy\n" + rows)
+    summary = stage_summary("ppo", True, {"peak_gold_reward": 0.7}, {}, "step\tsqrt_kl\tgold\tproxy\n" + rows)
     assert "| step | sqrt_kl | gold | proxy |" in summary and "| peak_gold_reward | 0.7 |" in summary
     shown = [line for line in summary.splitlines() if line.startswith("| ") and line.count("|") == 5][1:]
     assert shown[0].startswith("| 1 |") and shown[-1].startswith("| 45 |")  # the first and the last iteration
     assert 15 <= len(shown) <= 21 and len(set(shown)) == len(shown)
-    assert "Gold and proxy" in summary and "Gold and proxy" not in _stage_summary("sft", True, {}, {})
+    assert "Gold and proxy" in summary and "Gold and proxy" not in stage_summary("sft", True, {}, {})

@@ -7,13 +7,13 @@ from typing import Any
 import pydantic
 import pytest
 
-from flows.catalog import PIPELINES
 from flows.overrides import changed_overrides, form_model, form_values
 from flows.pipelines import write_overrides
 from tasks.common.config import ConfigError, Params
 from tasks.common.config.fields import schema_fields
-from tasks.common.params import fields_with_keys, load_params
 from tasks.common.registry import param_value
+from tasks.params.load import fields_with_keys, load_params
+from tasks.pipelines import PIPELINES
 from tests.conftest import REPO
 
 PARAMS = load_params(REPO / "params.yaml")

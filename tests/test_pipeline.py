@@ -11,8 +11,8 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-from flows.catalog import PIPELINES
 from models import num_parameters
+from tasks.pipelines import PIPELINES
 from tests.conftest import ENV, kill_at_first_checkpoint, lock_entries, make_project, repro, stages_run
 
 pytestmark = pytest.mark.slow

@@ -7,10 +7,10 @@ import types
 
 import pytest
 
-from tasks.common.params import load_params
 from tasks.data.datasets import read_examples
 from tasks.data.problems import Example, score_response
-from tasks.data.rejection_sampling import accepted
+from tasks.params.load import load_params
+from tasks.stages.rejection_sampling import accepted
 from tests.conftest import ENV, dvc, make_project, repro, resume_after_kill, stages_run
 
 R1_STAGES = {

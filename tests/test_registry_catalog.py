@@ -13,8 +13,8 @@ import torch  # noqa: F401 - here, the catalog is computed in this process, as i
 from tasks.common import registry_catalog
 from tasks.common.config import ConfigError, Params
 from tasks.common.config.fields import OneOf
-from tasks.common.params import fields_with_keys, load_params
 from tasks.common.registry_type import Registry
+from tasks.params.load import fields_with_keys, load_params
 from tests.conftest import ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -112,7 +112,7 @@ def test_the_catalog_is_computed_once_per_sources_and_a_changed_source_is_seen_a
 
 def test_validation_imports_no_torch_with_a_cold_cache_or_a_warm_one(tmp_path):
     check = (
-        "import sys; from tasks.common.params import load_params; load_params('params.yaml'); "
+        "import sys; from tasks.params.load import load_params; load_params('params.yaml'); "
         "assert 'torch' not in sys.modules, 'validation imported torch'"
     )
     env = {**ENV, "XDG_CACHE_HOME": str(tmp_path)}

@@ -14,9 +14,9 @@ import gto.api
 import pytest
 from omegaconf import OmegaConf
 
-from tasks.common.params import load_params
 from tasks.data.datasets import generate_splits, write_jsonl
 from tasks.data.problems import Example
+from tasks.params.load import load_params
 from tests.conftest import ENV, TINY, make_project, md5_tree
 from tests.serving import api, deployments, serving, wait_until
 

@@ -9,10 +9,10 @@ from transformers import AutoModelForCausalLM
 
 from models import load_tokenizer
 from tasks.common.artifacts import DATA_DIR, member_dirs, model_dir
-from tasks.common.params import load_params
 from tasks.data.datasets import read_examples, read_preferences
 from tasks.data.judge import gold_utility
 from tasks.data.prompts import BARE
+from tasks.params.load import load_params
 from tasks.rl.core_algos import best_of_n_kl
 from tasks.rl.learner import LoopState, Rollout
 from tasks.rl.placement import place

@@ -17,10 +17,10 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from flows.catalog import PIPELINES
 from flows.local_server import local_prefect_server
 from flows.overrides import form_model
-from tasks.common.params import load_params
+from tasks.params.load import load_params
+from tasks.pipelines import PIPELINES
 from tests.conftest import ENV, lock_entries, make_project
 from tests.serving import api, deployments, serving, wait_until
 

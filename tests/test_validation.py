@@ -11,7 +11,7 @@ import torch
 from flows.cli import main
 from tasks.common import errors
 from tasks.common.config import Params
-from tasks.common.params import fields_with_keys, load_params
+from tasks.params.load import fields_with_keys, load_params
 from tests.conftest import ENV, make_project
 
 MALFORMED_CONFIGS = [
@@ -446,8 +446,8 @@ def test_help_explains_the_stages_and_commands(capsys):
 
 @pytest.mark.parametrize("name", ["sft", "grpo_final@1", "eval@sft"])
 def test_stage_help_shows_every_key_it_reads_with_its_help_and_bounds(project, capsys, name):
-    from tasks.common.params import fields_with_keys, load_params
     from tasks.common.registry import parse_stage_name
+    from tasks.params.load import fields_with_keys, load_params
 
     assert main(["stage", name, "--help"]) == 0
     text = capsys.readouterr().out
@@ -460,7 +460,7 @@ def test_stage_help_shows_every_key_it_reads_with_its_help_and_bounds(project, c
 
 
 def test_a_reward_model_weighted_zero_is_no_reward_model_in_a_stage_that_does_not_read_one(project):
-    from tasks.common.params import load_params
+    from tasks.params.load import load_params
 
     params = load_params(overrides=["grpo.rewards={accuracy: 1.0, reward_model: 0.0}"])
     assert params.grpo.rewards["reward_model"] == 0.0

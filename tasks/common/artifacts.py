@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from tasks.common.errors import MissingUpstreamError, StageBusyError
-from tasks.common.registry import model_kinds
+from tasks.kinds import model_kinds
 
 USER_DATA = Path("data")  # your own datasets and incoming shards: the data stage's dvc.yaml dependency
 ARTIFACTS = Path("artifacts")

@@ -1,4 +1,4 @@
-"""Stage names and inputs, resolved through the stage kinds ``tasks/stages/kinds.py`` declares.
+"""Stage names and inputs, resolved through the stage kinds ``tasks/kinds.py`` declares.
 
 A stage's name is its kind, then ``@`` and a target for kinds that take one: ``sft``,
 ``eval@sft`` (the model it evaluates), ``grpo_final@1`` (the round). Its inputs are its kind's
@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tasks.common.artifacts import landing_together, stage_dir, stage_lock, upstream_model
 from tasks.common.config import ConfigError, Params
-from tasks.stages.kinds import StageKind, stage_kinds
+from tasks.kinds import StageKind, model_kinds, stage_kinds
 
 
 def usage_name(kind: StageKind) -> str:
@@ -32,12 +33,6 @@ def parse_stage_name(name: str) -> tuple[StageKind, str | None]:
     if bool(kind.target) != bool(target):
         raise ConfigError(f"stage {name!r}: expected {usage_name(kind)!r}")
     return kind, target or None
-
-
-def model_kinds() -> tuple[list[str], list[str]]:
-    """The stage kinds that train a model: (one model each, one model per round)."""
-    models = [kind for kind in stage_kinds().values() if kind.writes == "model"]
-    return [kind.name for kind in models if kind.target is None], [kind.name for kind in models if kind.target]
 
 
 def param_reference(read: str, section: str) -> str | None:
@@ -81,8 +76,6 @@ class StageInputs(Mapping[str, Path]):
         self.artifacts = artifacts  # input name -> artifact name (``sft_rs@1``, ``data``)
 
     def __getitem__(self, name: str) -> Path:
-        from tasks.common.artifacts import stage_dir, upstream_model
-
         artifact = self.artifacts[name]
         kind = stage_kinds().get(artifact.replace("@", "/").partition("/")[0])
         # Anything but a dataset is a model: an unknown name is an error naming the models, never a hub download.
@@ -129,8 +122,6 @@ def stage_run(name: str, params: Params) -> StageRun:
 
 def run_stage(name: str, params: Params) -> None:
     """Run the stage ``name`` (as dvc.yaml names it) with ``params``."""
-    from tasks.common.artifacts import landing_together, stage_lock  # which imports this module
-
     run = stage_run(name, params)
     module, _, function = run.kind.entry.partition(":")
     with stage_lock(name), landing_together():

@@ -9,6 +9,7 @@ from pathlib import Path
 from dvclive import Live
 
 from tasks.common.artifacts import PERF_FILE, PERF_STEPS_FILE, atomic_output, metrics_dir
+from tasks.common.dvclive_internals import close_repo
 
 
 @contextmanager
@@ -28,8 +29,7 @@ def stage_live(stage: str, into: Path | None = None) -> Iterator[Live]:
         finally:
             # dvclive opens the project's DVC repo (and its git packs) and never closes it: left to the interpreter's
             # shutdown after a failure, dulwich's pack finalisers print a traceback each.
-            if live._dvc_repo is not None:
-                live._dvc_repo.close()
+            close_repo(live)
 
 
 def log_step(live: Live, step: int, metrics: dict[str, float], prefix: str = "train/") -> None:

@@ -9,6 +9,7 @@ import os
 import random
 import shutil
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -170,14 +171,14 @@ def restore_training_state(
 ) -> None:
     """Load a checkpoint's weights, optimiser moments and schedule position, keeping the learning rate this run
     is configured with: a run resumed after a divergence has usually lowered it. (Unchanged, it is bit-exact.)"""
-    configured = list(scheduler.base_lrs)
     load_training_state(model, optimizer, state["model"], state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    scheduler.base_lrs = configured
-    for group, base, factor in zip(optimizer.param_groups, configured, scheduler.lr_lambdas, strict=True):
-        group["initial_lr"] = base
-        group["lr"] = base * factor(scheduler.last_epoch)
-    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+    # The schedule built for this run holds its base rates; stepping it onto the saved position sets every group's
+    # rate (and get_last_lr) from them. The optimiser has not stepped yet in this process: torch's warning about that
+    # order is about skipped schedule values, and none is skipped here.
+    scheduler.last_epoch = state["scheduler"]["last_epoch"] - 1
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`", category=UserWarning)
+        scheduler.step()
 
 
 class Checkpointer:

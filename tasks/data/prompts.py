@@ -11,8 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-CHAT_TEMPLATE_MODES = ("auto", "always", "never")  # not on/off: YAML reads those as booleans
-
 
 class PromptFormatError(ValueError):
     """A prompt format the tokenizer cannot give (a chat template required and absent)."""
@@ -20,7 +18,7 @@ class PromptFormatError(ValueError):
 
 @dataclass(frozen=True)
 class PromptFormat:
-    chat_template: str  # one of CHAT_TEMPLATE_MODES
+    chat_template: str  # one of CHAT_TEMPLATE_MODES (tasks/common/config/sections.py)
     system_prompt: str | None  # None: the template's own default, if it has one
 
     @classmethod

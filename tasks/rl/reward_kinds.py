@@ -204,8 +204,8 @@ def implicit_reference(params: "Params", backbone: str) -> tuple[str, float] | N
     """(the reference model, β) of ``backbone`` when a preference loss trained it against a reference (dpo, or
     online_dpo's preference update): what the implicit kind's β·log π/π_ref reads; else None."""
     from tasks.common.config.sections import PreferenceLossConfig
+    from tasks.kinds import stage_kinds
     from tasks.rl.preference_losses import PREFERENCE_LOSSES
-    from tasks.stages.kinds import stage_kinds
 
     kind = stage_kinds().get(backbone.partition("/")[0])
     cfg = getattr(params, kind.section) if kind is not None else None

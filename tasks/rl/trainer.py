@@ -58,6 +58,7 @@ from tasks.data.datasets import check_prompt_lengths, read_examples
 from tasks.data.judge import gold_utility
 from tasks.data.problems import Example, score_response
 from tasks.data.prompts import PromptFormat
+from tasks.kinds import stage_kinds
 from tasks.rl.core_algos import adaptive_kl_coef, informative_groups
 from tasks.rl.gold_vs_proxy import peak, rl_curve, write_curve
 from tasks.rl.learner import Learner, LoopState, Rollout, RunningMoments
@@ -65,7 +66,6 @@ from tasks.rl.placement import Roles, placed
 from tasks.rl.policy_gradient import POLICY_GRADIENT
 from tasks.rl.rewards import REWARD_MODEL, RewardInputs, RewardScorer
 from tasks.rollout.engine import Sampling
-from tasks.stages.kinds import stage_kinds
 
 # Rewards beyond this are a bug in a reward function, not a signal: normalising them would overflow.
 REWARD_LIMIT = 1e6

@@ -1,1 +1,1 @@
-"""Stage entry points, each called with its ``StageRun``; the kinds are declared in ``tasks/stages/kinds.py``."""
+"""Stage entry points, each called with its ``StageRun``; the kinds are declared in ``tasks/kinds.py``."""

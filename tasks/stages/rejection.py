@@ -2,7 +2,7 @@
 
 From the policy the round names (``rounds.<round>.policy``: the reasoning-RL checkpoint for round
 1), sample ``samples_per_prompt`` responses to each of ``num_prompts`` training prompts and keep the
-ones the task's verifier accepts (``tasks/data/rejection_sampling.py``; for a task without a verifier,
+ones the task's verifier accepts (``tasks/stages/rejection_sampling.py``; for a task without a verifier,
 the ``top_by_reward_model`` best by the RLHF reward model), then mix in ``general_ratio`` general SFT
 rows per kept one (worked solutions of training prompts not sampled). The result is an SFT dataset
 (``train.jsonl``) with its statistics: the acceptance rate overall and by difficulty.
@@ -21,8 +21,8 @@ from tasks.common.training import make_deterministic
 from tasks.data.datasets import read_examples, write_jsonl
 from tasks.data.problems import Example
 from tasks.data.prompts import PromptFormat
-from tasks.data.rejection_sampling import Ranker, has_verifier, sample_and_verify
 from tasks.rl.reward_kinds import RewardModel
+from tasks.stages.rejection_sampling import Ranker, has_verifier, sample_and_verify
 
 
 def _reward_model_ranker(params: Params, reward_model: Path) -> Ranker:

@@ -1,7 +1,7 @@
 """The policy-gradient RL stages: PPO (``ppo``, ``ppo_verifier``) and the GRPO stages of R1 (``grpo``,
 ``grpo_zero``, ``grpo_final@<round>``). The loop is ``tasks/rl/trainer.py``; which algorithm runs is what
 the stage's params section names (``advantage``, ``policy_loss``, ``loss_agg_mode``, ``kl_loss``, ``rewards``),
-and where it starts is the ``policy`` its stage kind reads (``tasks/stages/kinds.py``):
+and where it starts is the ``policy`` its stage kind reads (``tasks/kinds.py``):
 
 - ``ppo``: InstructGPT's third stage, from ``ppo.init`` against the reward model: a critic and GAE, the
   per-token KL penalty in the reward with the adaptive controller, the clipped token-level surrogate;

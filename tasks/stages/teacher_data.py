@@ -3,7 +3,7 @@
 The teacher (``distill.teacher``) samples ``samples_per_prompt`` responses to each of the first ``num_prompts``
 training prompts; the verified ones, distinct and at most ``max_per_prompt`` a prompt, are the student's SFT
 data (``train.jsonl``), with the acceptance rate overall and by difficulty. R1's rejection sampling
-(``tasks/data/rejection_sampling.py``) does the sampling and the checking.
+(``tasks/stages/rejection_sampling.py``) does the sampling and the checking.
 """
 
 from tasks.common.artifacts import atomic_output, stage_dir
@@ -11,7 +11,7 @@ from tasks.common.registry import StageRun
 from tasks.common.tracking import stage_live
 from tasks.common.training import make_deterministic
 from tasks.data.datasets import read_examples, write_jsonl
-from tasks.data.rejection_sampling import sample_and_verify
+from tasks.stages.rejection_sampling import sample_and_verify
 
 
 def run(stage: StageRun) -> None:

@@ -1,10 +1,10 @@
 """The params schema: one pydantic dataclass per section of params.yaml, each field with its help and bounds.
 
-``tasks/common/params.py`` loads params.yaml into it (omegaconf: merging, interpolation, ``key=value``
+``tasks/params/load.py`` loads params.yaml into it (omegaconf: merging, interpolation, ``key=value``
 overrides; pydantic: every type and bound); the CLI's ``--help`` and the Prefect run form read the same
 fields. Each family's module declares its section types and, in its ``*Sections`` class, the sections of
 ``Params`` with their defaults: a new stage's config is one class and one field in one module. Which stage
-runs with which section is declared in ``tasks/stages/kinds.py``.
+runs with which section is declared in ``tasks/kinds.py``.
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ from pydantic.dataclasses import dataclass
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError, core_schema
 
+from tasks.common.registry_catalog import registry_entries
+
 # Unknown keys are refused and no float may be inf or nan (a weight of inf in a loss is never meant).
 SCHEMA = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 T = TypeVar("T")
@@ -63,8 +65,6 @@ class OneOf:
     def choices(self) -> tuple[str, ...]:
         if self.registry is None:
             return self._choices
-        from tasks.common.registry_catalog import registry_entries  # here: its own imports import this package
-
         return (*self._extra, *registry_entries(self.registry))
 
     def _check(self, value: str) -> str:

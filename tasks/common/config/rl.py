@@ -299,7 +299,7 @@ DISTILL = GRPO | {
 @schema_section
 class RejectionSamplingConfig(SamplingConfig):
     """Sample N responses per training prompt from a policy, keep the verified ones
-    (``tasks/data/rejection_sampling.py``)."""
+    (``tasks/stages/rejection_sampling.py``)."""
 
     num_prompts: int = param(4000, "Training prompts to sample from (the first N of the training split).", ge=1)
     samples_per_prompt: int = param(8, "Responses sampled per prompt (N).", ge=1)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
+from models import ALL_LINEAR
 from tasks.common.config.fields import MadeOf, OneOf, Weight, param, schema_section, section
-from tasks.data.prompts import CHAT_TEMPLATE_MODES
 
 DEVICES = ("auto", "cpu", "cuda")
+CHAT_TEMPLATE_MODES = ("auto", "always", "never")  # not on/off: YAML reads those as booleans
 SEED_MAX = 2**32 - 1  # numpy's seeding takes 32 bits
 # Why an upper bound: past it a stage would run for hours here; a user who means it can raise the bound.
 _HOURS = "a larger value takes hours to generate, validate and train on"
@@ -89,7 +90,6 @@ class BaseConfig(ModelSizeConfig):
 
 
 PRECISIONS = ("fp32", "bf16", "bf16-mixed")
-ALL_LINEAR = "all-linear"  # PEFT's name for every linear layer but the output head
 
 
 @schema_section

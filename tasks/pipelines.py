@@ -4,7 +4,8 @@ import re
 from dataclasses import dataclass
 
 from tasks.common.config import Params
-from tasks.common.registry import model_kinds, param_value
+from tasks.common.registry import param_value
+from tasks.kinds import model_kinds
 
 
 def round_kinds() -> set[str]:

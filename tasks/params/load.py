@@ -26,7 +26,7 @@ from tasks.common.config import (
 )
 from tasks.common.config.fields import schema_fields
 from tasks.common.errors import warn
-from tasks.common.param_rules import RL_SECTIONS, cross_field_errors, cross_field_warnings, reward_import_errors
+from tasks.params.rules import RL_SECTIONS, cross_field_errors, cross_field_warnings, reward_import_errors
 
 
 def _unwrap(annotation: Any) -> Any:

@@ -32,11 +32,11 @@ from tasks.common.config import (
 )
 from tasks.common.config.fields import schema_fields
 from tasks.common.config.rl import REWARD_MODEL
-from tasks.common.registry import model_kinds, param_reference, param_value
+from tasks.common.registry import param_reference, param_value
 from tasks.common.registry_catalog import registry_entries
-from tasks.common.training_rules import runs_on_gpu, training_errors
 from tasks.data.datasets import is_shard_of, shard_files
-from tasks.stages.kinds import stage_kinds
+from tasks.kinds import model_kinds, stage_kinds
+from tasks.params.training_rules import runs_on_gpu, training_errors
 
 
 def sections_of(config_type: type) -> tuple[str, ...]:
@@ -346,7 +346,7 @@ def cross_field_errors(params: Params) -> Iterator[str]:
 
 def _operations_errors(params: Params) -> Iterator[str]:
     """How pipelines run and store: Ray resources, schedules, the remote."""
-    from flows.catalog import PIPELINES  # the pipelines' names; flows imports tasks, not the other way, but here
+    from tasks.pipelines import PIPELINES  # the pipelines' names; flows imports tasks, not the other way, but here
 
     if "default" not in params.runner.resources:
         yield "runner.resources: needs a 'default' entry"

@@ -69,3 +69,9 @@ def stage_kinds() -> dict[str, StageKind]:
     declared = yaml.safe_load(DECLARATIONS.read_text())
     kinds = TypeAdapter(list[StageKind]).validate_python([{"name": name, **kind} for name, kind in declared.items()])
     return {kind.name: kind for kind in kinds}
+
+
+def model_kinds() -> tuple[list[str], list[str]]:
+    """The stage kinds that train a model: (one model each, one model per round)."""
+    models = [kind for kind in stage_kinds().values() if kind.writes == "model"]
+    return [kind.name for kind in models if kind.target is None], [kind.name for kind in models if kind.target]

@@ -6,10 +6,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator
 
+from models import ALL_LINEAR
 from models.sources import gguf_architecture, resolve_source, source_error
 from tasks.common.config import BaseConfig, ModelTrainingConfig, Params, RLConfig
 from tasks.common.config.fields import schema_fields
-from tasks.common.config.sections import ALL_LINEAR
 
 
 def training_errors(params: Params) -> Iterator[str]:
