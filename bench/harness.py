@@ -2,17 +2,23 @@
 the real model's project (SmolLM2-135M-Instruct through ``examples/smollm2.args``), and the separate environment TRL
 runs in.
 
-Every bench runs as a script, ``.venv/bin/python bench/NAME.py``, so Python puts ``bench/`` first on ``sys.path``
-and a bench imports this module one way: ``from harness import ...`` (as the TRL-side scripts import
-``trl_timer``). ``alignflow``'s own packages (``flows``, ``tasks``, ``models``) come from its editable install.
+Every bench runs as a module from the repository root, ``.venv/bin/python -m bench.GROUP.NAME``, so the root is
+first on ``sys.path`` and a bench imports this module one way: ``from bench.harness import ...``. The TRL legs run
+the same way in TRL's environment (``run_trl_leg``), with this checkout on their ``PYTHONPATH``.
 """
 
+import argparse
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
+import time
 import venv
 from pathlib import Path
+
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 # dvc.yaml's commands and the benches call `alignflow`: the one installed beside this Python
@@ -27,8 +33,6 @@ OVERLAY = "examples/smollm2.args"
 
 def set_threads(threads: int) -> None:
     """Every leg on ``threads`` threads: this process's torch and the processes it starts (stages, TRL)."""
-    import torch
-
     os.environ["OMP_NUM_THREADS"] = ENV["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
 
@@ -85,6 +89,62 @@ def trl_python() -> Path:
         subprocess.run([python, "-m", "pip", "install", "--quiet", *TRL_PACKAGES], check=True)
         installed.write_text("\n".join(TRL_PACKAGES) + "\n")
     return python
+
+
+def side_by_side_parser(doc: str, steps_help: str) -> argparse.ArgumentParser:
+    """The options the benches against TRL share: the model, each leg's steps, threads, and the project to reuse."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
+    parser.add_argument("--steps", type=int, help=steps_help)
+    parser.add_argument("--threads", type=int, help="torch threads of every leg (default: OMP_NUM_THREADS's)")
+    parser.add_argument("--project", type=Path, help="the project to build once and reuse (default: a scratch one)")
+    return parser
+
+
+def run_trl_leg(leg: str, settings: dict, result: Path) -> dict:
+    """Run ``bench.trl.<leg>`` in TRL's environment on ``settings``; what it wrote to ``result`` (JSON). Its working
+    directory is ``result``'s folder, so anything the Trainer writes beside its output_dir lands there."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    command = [trl_python(), "-m", f"bench.trl.{leg}", json.dumps(settings), result]
+    subprocess.run(command, cwd=result.parent, env=env, check=True)
+    return json.loads(result.read_text())
+
+
+def paired_gap(ours: list[bool], theirs: list[bool]) -> tuple[float, float]:
+    """The rate of ``ours`` minus that of ``theirs`` on the same items, and that difference's standard error."""
+    differences = [float(a) - float(b) for a, b in zip(ours, theirs, strict=True)]
+    return statistics.mean(differences), statistics.stdev(differences) / math.sqrt(len(differences))
+
+
+def against_bar(
+    ratio: float, target: float, gap: float, error: float, tiny_tolerance: float | None
+) -> tuple[str, float]:
+    """Whether alignflow meets a bench's bar against a peer, "meets" or "misses", and the quality tolerance: at least
+    ``target`` times the peer's speed, and a held-out score not below the peer's by more than ``tiny_tolerance`` (on
+    the tiny model; None: by more than twice the paired standard error ``error`` of the gap)."""
+    tolerance = 2 * error if tiny_tolerance is None else tiny_tolerance
+    return ("meets" if ratio >= target and gap >= -tolerance else "misses"), tolerance
+
+
+def synchronize() -> None:
+    """Wait for the GPU's queued work, so that a clock read after it counts it (nothing to wait for on a CPU)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def device_matmul_peak(device: torch.device, seconds: float = 1.0) -> float:
+    """FLOP/s of repeated square matmuls: bf16 8192 on a GPU, fp32 1024 on a CPU (a dry run)."""
+    size, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (1024, torch.float32)
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn_like(a)
+    a @ b
+    synchronize()
+    count, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        a @ b
+        count += 1
+    synchronize()
+    return count * 2 * size**3 / (time.perf_counter() - started)
 
 
 # The real model's project, which the GRPO and DPO benches share (`--project DIR` builds it once, then reuses it):

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.common.registry import usage_name
-from tasks.kinds import stage_kinds
+from tasks.kinds import refresh_fingerprints, stage_kinds
 from tasks.pipelines import PIPELINES
 
 
@@ -42,6 +42,13 @@ examples:
 """
 
 
+_OVERRIDES = "param overrides (e.g. sft.lr=1e-4), or @FILE of them, one a line"
+_STICK = (
+    "Overrides are validated with params.yaml, then written into it before anything runs (and said), so that every "
+    "later command, and dvc.lock, sees the same params."
+)
+
+
 class _Parser(argparse.ArgumentParser):
     """Reads ``@file`` as more arguments, one a line, skipping blank lines and ``#`` comments: a params overlay
     (``alignflow run r1 @examples/smollm2.args``)."""
@@ -61,17 +68,25 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    stage = commands.add_parser("stage", help="run one pipeline stage", description="Run one pipeline stage.")
+    stage = commands.add_parser(
+        "stage",
+        help="run one pipeline stage",
+        description="Run one pipeline stage (upstream stages are not run: see `alignflow repro STAGE`). " + _STICK,
+    )
     stage.add_argument("name", help="stage name as in dvc.yaml: data, base, sft, eval@sft, ...")
-    stage.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="param overrides, e.g. sft.lr=1e-4")
+    stage.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=_OVERRIDES)
     stage.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
 
     repro = commands.add_parser(
         "repro",
-        help="run a pipeline with dvc repro (its final stages and everything upstream)",
-        description="`dvc repro` of the pipeline's final stages: what is up to date is skipped.",
+        help="run a pipeline, or a stage and everything upstream of it, with dvc repro",
+        description="`dvc repro` of a pipeline's final stages, or of one stage (`alignflow repro eval@grpo`: train "
+        "and evaluate up to grpo): what is up to date is skipped. " + _STICK,
     )
-    repro.add_argument("pipeline", choices=PIPELINES, help="pipeline name: " + ", ".join(PIPELINES))
+    repro.add_argument(
+        "target", metavar="PIPELINE|STAGE", help=f"a pipeline ({', '.join(PIPELINES)}) or a stage of dvc.yaml"
+    )
+    repro.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=_OVERRIDES)
 
     run = commands.add_parser(
         "run",
@@ -81,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
         "runs in this project, the run executes there (its logs and report stream back here; Ctrl-C cancels it).",
     )
     run.add_argument("pipeline", choices=PIPELINES, help="pipeline name: " + ", ".join(PIPELINES))
-    run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="param overrides, e.g. sft.lr=1e-4")
+    run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=_OVERRIDES)
 
     commands.add_parser(
         "serve",
@@ -162,12 +177,22 @@ def _stage_help(name: str, params_file: str) -> None:
     from tasks.common.config import Params
 
     values = {key: value for key, _, value in fields_with_keys(params or Params())}
-    for listed in (key.format(section=kind.section) for key in kind.params):
+    for listed in kind.param_keys:
         for key, value in values.items():
             if key == listed or key.startswith(f"{listed}."):
                 info = field_at(key)
                 help = info.description if info is not None else ""
                 print(f"  {key} = {json.dumps(value)}{_bounds(info) if info is not None else ''}\n      {help}")
+
+
+def _stick(params_file: str | Path, overrides: Sequence[str]) -> None:
+    """Write ``overrides`` (validated with the file already) into it and say so: a command's overrides stick, so a
+    stage's outputs never disagree with the params file that dvc.lock and every later stage read."""
+    from tasks.params.write import write_overrides
+
+    if overrides:
+        write_overrides(Path(params_file), overrides)
+        print(f"alignflow: {params_file} updated with {' '.join(overrides)}", file=sys.stderr)
 
 
 def _run_stage(args: argparse.Namespace) -> None:
@@ -177,6 +202,9 @@ def _run_stage(args: argparse.Namespace) -> None:
     parse_stage_name(args.name)
     _quiet_libraries()  # before anything imports huggingface_hub, which reads HF_HUB_OFFLINE once, at import
     params = load_params(args.params, args.overrides)
+    if args.overrides:
+        _check_user_data(params)  # a bad row of your own is refused before the overrides that name it stick
+    _stick(args.params, args.overrides)
     run_stage(args.name, params)
 
 
@@ -186,7 +214,7 @@ def _check_user_data(params: Any) -> None:
 
     for source in (params.data.train_file, params.data.test_file):
         if source is not None:
-            read_shards(source, params.task.name)
+            read_shards(source, params.task.name, say_repeats=False)
 
 
 def _run_pipeline(args: argparse.Namespace) -> int | None:
@@ -217,14 +245,36 @@ def _run_pipeline(args: argparse.Namespace) -> int | None:
     print(render(report))
 
 
+def _repro_targets(target: str, params: Any) -> list[str]:
+    """The dvc.yaml stages ``alignflow repro TARGET`` reproduces: a pipeline's final stages, or the stage named."""
+    if target in PIPELINES:
+        return list(PIPELINES[target].stages(params))
+    from dvc.repo import Repo
+
+    from tasks.common.config import ConfigError
+
+    with Repo() as repo:
+        stages = [stage.addressing for stage in repo.index.stages]
+    if target not in stages:
+        raise ConfigError(
+            f"repro {target!r}: neither a pipeline ({', '.join(PIPELINES)}) nor a stage of dvc.yaml "
+            f"({', '.join(stages)})"
+        )
+    return [target]
+
+
 def _repro(args: argparse.Namespace) -> int:
     from dvc.cli import main as dvc_main
 
     from tasks.params.load import load_params
 
     # DVC removes a stage's outputs before running it: a params.yaml the stage would refuse must never get that far.
-    params = load_params("params.yaml")
-    status = dvc_main(["repro", *PIPELINES[args.pipeline].stages(params)])
+    params = load_params("params.yaml", args.overrides)
+    targets = _repro_targets(args.target, params)
+    _check_user_data(params)
+    _stick("params.yaml", args.overrides)
+    refresh_fingerprints(params, Path.cwd())  # DVC then sees a model source's new bytes behind the same name
+    status = dvc_main(["repro", *targets])
     if status == 0 and params.remote.push:
         from flows.remote import push
 
@@ -343,6 +393,8 @@ def _require_project(command: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # The Prefect server a flow run starts for itself would report usage over the network (an ERROR line offline).
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     if argv[:1] == ["stage"] and len(argv) > 1 and not argv[1].startswith("-") and {"-h", "--help"} & set(argv):
         argv = [arg for arg in argv if arg not in ("-h", "--help")]
         params_file = argv[argv.index("--params") + 1] if "--params" in argv else "params.yaml"

@@ -23,7 +23,7 @@ from tasks.common.artifacts import CURVE_FILE, PERF_FILE, PERF_STEPS_FILE, model
 from tasks.common.config import Params
 from tasks.common.config.fields import schema_fields
 from tasks.common.registry import param_reference
-from tasks.kinds import PROMPT_PARAMS, StageKind, model_kinds, stage_kinds
+from tasks.kinds import StageKind, model_kinds, stage_kinds
 from tasks.pipelines import PIPELINES
 
 # The shared library every stage leans on is listed whole; the rest file by file, or by package when a stage
@@ -87,16 +87,27 @@ def _artifact(read: str, kind: StageKind, variable: str) -> str:
     return "artifacts/" + read.replace("@", "/")
 
 
+def _dvc_params(kind: StageKind) -> list[str]:
+    """The params keys dvc.yaml lists for ``kind``: its own section key by key less its model source, which DVC
+    reads through the source's fingerprint (a dep), so that a new name for the same bytes re-runs nothing."""
+    if kind.source is None:
+        return list(kind.param_keys)
+    fields = schema_fields(schema_fields(Params)[kind.section].annotation)
+    own = [f"{kind.section}.{name}" for name in fields if name != kind.source]
+    return [key for listed in kind.param_keys for key in (own if listed == kind.section else [listed])]
+
+
 def _entry(kind: StageKind, name: str, foreach: list[str] | str | None, target: str) -> list[str]:
     """One dvc.yaml stage (or foreach group) of ``kind``; ``target`` is what follows @ in its stages' names."""
     deps = ["data  # your own JSONL and incoming shards: a new shard retrains"] if kind.user_data else []
     deps += [_artifact(read, kind, target) for read in kind.reads.values()] + list(_code_deps(kind.entry))
+    if kind.fingerprint is not None:
+        deps.append(f"{kind.fingerprint}  # {kind.section}.{kind.source} by content, refreshed by alignflow")
     command = f"{kind.name}@{target}" if kind.target else kind.name
     out = command.replace("@", "/")
     lines = [f"  {name}:", *_wrapped(kind.description, "    # ", "    # ")]
     body = [f"cmd: alignflow stage {command}", "deps:", *[f"  - {dep}" for dep in deps], "params:"]
-    body += [f"  - {key.format(section=kind.section)}" for key in kind.params]
-    body += [f"  - {key}" for key in PROMPT_PARAMS if kind.prompts]
+    body += [f"  - {key}" for key in _dvc_params(kind)]
     body += ["outs:", f"  - artifacts/{out}"]
     if kind.metrics:
         body += ["metrics:", f"  - metrics/{out}/metrics.json:", "      cache: false"]

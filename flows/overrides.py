@@ -24,6 +24,7 @@ from pydantic.fields import FieldInfo
 from flows.runner import read_dag
 from tasks.common.config import ConfigError, Params
 from tasks.common.config.fields import schema_fields
+from tasks.kinds import stage_kinds
 from tasks.pipelines import PIPELINES
 
 # Where work is placed (Ray addresses, resources, workers per role or stage) is the deployment's business, not a
@@ -48,7 +49,10 @@ def pipeline_keys(pipeline: str, params: Params, project: Path) -> list[str]:
     a key inside a section that is listed whole is left out (``eval.batch_size`` beside ``eval``)."""
     keys: list[str] = []
     for stage in read_dag(project, PIPELINES[pipeline].stages(params)):
-        keys += [key for key in stage.params if key not in keys]
+        # A model source is a dep by content, not a param of dvc.yaml; the form still sets its name.
+        kind = stage_kinds().get(stage.name.partition("@")[0])
+        source = [f"{kind.section}.{kind.source}"] if kind is not None and kind.source is not None else []
+        keys += [key for key in (*stage.params, *source) if key not in keys]
     return [key for key in keys if not any(key.startswith(f"{other}.") for other in keys)]
 
 

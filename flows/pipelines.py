@@ -14,7 +14,6 @@ runs triggered together never interleave writes to params.yaml, outputs or dvc.l
 """
 
 import functools
-import shutil
 import signal
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -22,7 +21,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from dvc.utils.hydra import apply_overrides
 from filelock import FileLock, Timeout
 from prefect import Flow, flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
@@ -36,18 +34,19 @@ from flows.report import collect, markdown_table, stage_metrics
 from flows.runner import (
     CANCEL_SECONDS,
     StageSpec,
-    execute,
+    execute_and_record,
     interrupt_run,
     is_up_to_date,
     outputs,
     read_dag,
-    record,
     start_run,
 )
 from tasks.common.artifacts import CURVE_FILE, atomic_output, metrics_dir
 from tasks.common.cluster import connect_ray, release_ray
 from tasks.common.config import Params, RunnerConfig
+from tasks.kinds import refresh_fingerprints
 from tasks.params.load import load_params
+from tasks.params.write import write_overrides
 from tasks.pipelines import PIPELINES
 
 RUN_LOCK = Path(".alignflow") / "run.lock"
@@ -117,10 +116,9 @@ def run_stage(project: Path, stage: StageSpec, runner: RunnerConfig) -> dict[str
     if ran:
         logger.info(f"running {stage.name}: {stage.cmd}")
         # A stage flags trouble (KL running away, reward hacking, ...) with lines starting "WARNING".
-        execute(
+        produced = execute_and_record(
             project, stage, runner, lambda line: (logger.warning if line.startswith("WARNING") else logger.info)(line)
         )
-        produced = record(project, stage.name)
     else:
         logger.info(f"{stage.name} is up to date: skipped")
         produced = outputs(project, stage.name)
@@ -167,11 +165,20 @@ def result_or_interrupt(future: PrefectFuture) -> Any:
     return future.result()
 
 
-def write_overrides(params_file: Path, overrides: list[str]) -> None:
-    """Set ``overrides`` in params.yaml keeping its comments (DVC's own `exp run -S` editor), atomically."""
-    with atomic_output(params_file) as temporary:
-        shutil.copyfile(params_file, temporary)
-        apply_overrides(temporary, overrides)
+@contextmanager
+def overrides_written(params_file: Path, overrides: list[str]) -> Iterator[None]:
+    """``write_overrides`` for the block; a run cancelled inside it (Ctrl-C, the UI, a stopped serve) leaves
+    params.yaml's bytes as they were before it (a run that fails keeps them, as a stage run does)."""
+    before = params_file.read_bytes()
+    if overrides:
+        write_overrides(params_file, overrides)
+    try:
+        yield
+    except (KeyboardInterrupt, TerminationSignal):
+        if overrides:
+            with atomic_output(params_file, with_the_stage=False) as temporary:
+                temporary.write_bytes(before)
+        raise
 
 
 def run_pipeline(name: str, overrides: list[str], project: Path, push_after: bool = True) -> dict[str, dict[str, Any]]:
@@ -179,10 +186,10 @@ def run_pipeline(name: str, overrides: list[str], project: Path, push_after: boo
     (unless ``push_after`` is false or params say not to); return the pipeline report."""
     logger = get_run_logger()
     params = load_params(project / "params.yaml", overrides)  # the CLI's validation, before anything runs
-    with run_lock(project):
+    with run_lock(project), overrides_written(project / "params.yaml", overrides):
         if overrides:
-            write_overrides(project / "params.yaml", overrides)
             logger.info(f"params.yaml updated with {', '.join(overrides)}")
+        refresh_fingerprints(params, project)  # before DVC says which stages are up to date
         connect_ray(params.runner)
         check_cancelled()
         start_run()

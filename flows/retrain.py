@@ -42,7 +42,8 @@ def track_shards(project: Path, params: Params) -> list[str]:
     """Validate every shard of your own, then ``dvc add`` those not yet versioned; return every shard's path."""
     sources = [source for source in (params.data.train_file, params.data.test_file) if source is not None]
     for source in sources:
-        read_shards(project / source, params.task.name)  # DatasetError naming file:line, before anything is added
+        # DatasetError naming file:line, before anything is added; the data stage says what repeats
+        read_shards(project / source, params.task.name, say_repeats=False)
     shards = sorted({str(f.relative_to(project)) for s in sources for f in shard_files(project / s)})
     with open_repo(project) as repo:
         new = [s for s in shards if not (project / f"{s}.dvc").exists() and not repo.scm.is_tracked(s)]

@@ -48,6 +48,7 @@ class StageSpec:
     cmd: str
     upstream: tuple[str, ...]
     params: tuple[str, ...]  # the params.yaml keys dvc.yaml lists for it: sections (sft) or keys (eval.batch_size)
+    outs: tuple[str, ...]  # what it writes, metrics included, relative to the project
 
 
 def read_dag(project: Path, targets: tuple[str, ...]) -> list[StageSpec]:
@@ -70,6 +71,7 @@ def read_dag(project: Path, targets: tuple[str, ...]) -> list[StageSpec]:
                     and dependency.def_path == ParamsDependency.DEFAULT_PARAMS_FILE
                     for key in dependency.params
                 ),
+                tuple(out.def_path for out in stage.outs),
             )
             for stage in dependencies_first(repo)
             if stage in needed and isinstance(stage, PipelineStage)
@@ -201,6 +203,42 @@ def execute(project: Path, stage: StageSpec, runner: RunnerConfig, on_line: Call
         raise
     if exit_code != 0:
         raise StageFailed(f"stage {stage.name!r} exited with status {exit_code} (log: {log_path})")
+
+
+def execute_and_record(
+    project: Path, stage: StageSpec, runner: RunnerConfig, on_line: Callable[[str], None]
+) -> dict[str, str]:
+    """``execute`` the stage, then ``record`` it; return {output: md5}.
+
+    A stage's outputs land together, as its last act (``tasks.common.artifacts.landing_together``): one interrupted
+    after they landed is recorded all the same before its StageFailed goes on, since they are what the run's params
+    made, and a cancelled run puts params.yaml back; dvc.lock then says so, and the next run reruns the stage
+    instead of taking its outputs for those of the params put back.
+    """
+    before = _landmarks(project, stage.outs)
+    try:
+        execute(project, stage, runner, on_line)
+    except StageFailed:
+        after = _landmarks(project, stage.outs)
+        landed = bool(stage.outs) and all(new not in (None, old) for old, new in zip(before, after, strict=True))
+        if landed and _INTERRUPTED.is_set():
+            on_line(f"{stage.name} was interrupted after its outputs landed: recording them in dvc.lock")
+            record(project, stage.name)
+        raise
+    return record(project, stage.name)
+
+
+def _landmarks(project: Path, paths: tuple[str, ...]) -> list[tuple[int, int] | None]:
+    """(inode, mtime) of each path, None where there is none: an output lands by a rename, which changes both."""
+    found = []
+    for path in paths:
+        try:
+            status = (project / path).stat()
+        except FileNotFoundError:
+            found.append(None)
+        else:
+            found.append((status.st_ino, status.st_mtime_ns))
+    return found
 
 
 def _cancel(reference: ray.ObjectRef) -> None:

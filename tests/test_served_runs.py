@@ -2,6 +2,7 @@
 process of its own, no import paid again), the client stays light and prints what a run in its own process prints,
 a failure or a cancel ends it as there, and without a serve it runs in its own process (a minute or two)."""
 
+import json
 import shutil
 import signal
 import socket
@@ -13,9 +14,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+from filelock import FileLock
 from omegaconf import OmegaConf
 
-from tests.conftest import ENV
+from flows.pipelines import RUN_LOCK
+from tests.conftest import ENV, dvc
 from tests.serving import api, deployments, serving, wait_until
 
 pytestmark = pytest.mark.slow
@@ -133,17 +136,17 @@ def test_a_key_the_pipeline_does_not_read_is_refused_naming_it_and_nothing_runs(
 
 
 def _replace_command(project: Path, stage: str, command: str) -> str:
-    """Make ``stage`` run ``command`` first; dvc.yaml's text as it was."""
+    """Make ``stage`` run ``command`` instead of ``alignflow stage <stage>``; dvc.yaml's text as it was."""
     dvc_yaml = project / "dvc.yaml"
     text = dvc_yaml.read_text()
-    dvc_yaml.write_text(text.replace(f"cmd: alignflow stage {stage}\n", f"cmd: {command} && alignflow stage {stage}\n"))
+    dvc_yaml.write_text(text.replace(f"cmd: alignflow stage {stage}\n", f"cmd: {command}\n"))
     return text
 
 
 def test_a_failing_stage_fails_the_served_run_with_its_error(served):
     project, _, env = served
     (project / "fail.py").write_text("import sys\nsys.exit(3)\n")
-    original = _replace_command(project, "base", "python fail.py")
+    original = _replace_command(project, "base", "python fail.py && alignflow stage base")
     try:
         result = alignflow(project, env, "run", "sft")
     finally:
@@ -170,7 +173,7 @@ def test_a_cancelled_served_run_stops_its_stage_and_ends_cancelled(served, how):
     """Ctrl-C on the `alignflow run` following the run, or a cancel in Prefect (the UI's): the stage's process is
     killed, the run ends Cancelled, and the serve goes on to the next run."""
     project, serve, env = served
-    original = _replace_command(project, "base", "sleep 600")
+    original = _replace_command(project, "base", "sleep 600 && alignflow stage base")
     try:
         client = subprocess.Popen(
             ["alignflow", "run", "sft"],
@@ -200,6 +203,40 @@ def test_a_cancelled_served_run_stops_its_stage_and_ends_cancelled(served, how):
     assert serve.poll() is None
     after = alignflow(project, env, "run", "sft")  # the serve runs the next one
     assert after.returncode == 0 and after.stderr.count("is up to date: skipped") == 5, after.stderr[-3000:]
+
+
+def test_stopping_the_serve_cancels_its_run_and_leaves_the_project_as_the_run_found_it(
+    uninterrupted, prefect_env, tmp_path
+):
+    """SIGTERM (as Ctrl-C) to `alignflow serve` while a run's stage has landed its outputs but not exited: the serve
+    exits 0 and the run ends cancelled; params.yaml holds its bytes from before the run (neither the run's override
+    nor DVC's rewrite of every null), the run lock is free, and dvc.lock tells the truth about base's outputs."""
+    project = _copy(uninterrupted["path"], tmp_path / "project")
+    before = (project / "params.yaml").read_bytes()
+    assert b": null\n" in before
+    _replace_command(project, "base", "alignflow stage base && sleep 600")
+    with serving(project, prefect_env, tmp_path / "serve.log") as serve:
+        client = subprocess.Popen(
+            ["alignflow", "run", "sft", "base.num_layers=2"],
+            cwd=project,
+            env=prefect_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_until(lambda: _sleeping(project) or client.poll() is not None, 120, "base to land its outputs")
+        assert _sleeping(project) is not None, client.communicate()
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=60) == 0, (tmp_path / "serve.log").read_text()[-3000:]
+        _, stderr = client.communicate(timeout=60)
+    assert client.returncode == 1, stderr[-3000:]
+    assert "alignflow: error: the run was cancelled: alignflow serve stopped" in stderr
+    assert _sleeping(project) is None
+    assert (project / "params.yaml").read_bytes() == before
+    FileLock(project / RUN_LOCK).acquire(timeout=0)  # Timeout if anything still held it
+    # base's outputs are those dvc.lock records: recorded as they landed, or put back
+    status = json.loads(dvc(project, "status", "--json", "base"))
+    assert not [entry for entry in status.get("base", []) if "changed outs" in entry], status
 
 
 def test_without_a_serve_alignflow_run_runs_in_its_own_process(uninterrupted, prefect_env, tmp_path):

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import time
 import warnings
@@ -177,7 +178,9 @@ def restore_training_state(
     # order is about skipped schedule values, and none is skipped here.
     scheduler.last_epoch = state["scheduler"]["last_epoch"] - 1
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`", category=UserWarning)
+        warnings.filterwarnings(
+            "ignore", message=re.escape("Detected call of `lr_scheduler.step()`"), category=UserWarning
+        )
         scheduler.step()
 
 

@@ -12,13 +12,21 @@ import json
 import math
 import random
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePath
 from typing import Any, TypeVar
 
 from tasks.common.errors import warn
-from tasks.data.problems import BUILT_IN, Example, TaskError, task_module
-from tasks.data.prompts import PromptFormat
+from tasks.data.problems import (
+    BUILT_IN,
+    Example,
+    TaskError,
+    difficulty_label,
+    has_verifier,
+    score_response,
+    task_module,
+)
+from tasks.data.prompts import PromptFormat, finished_response_ids
 
 _STRING_FIELDS = ("task", "prompt", "answer", "solution")
 _PAIR_FIELDS = ("prompt", "chosen", "rejected")
@@ -46,7 +54,8 @@ def generate_splits(task_cfg, num_train: int, num_test: int, seed: int) -> tuple
         for _ in range(size * _MAX_DRAWS_PER_EXAMPLE):
             if len(split) == size:
                 break
-            example = family.generate(rng, family_cfg)
+            # the declared task's, whichever module's generate() drew it: its verifier grades it (as in from_row)
+            example = replace(family.generate(rng, family_cfg), task=task_cfg.name)
             if example.prompt not in seen:
                 seen.add(example.prompt)
                 split.append(example)
@@ -107,11 +116,12 @@ def is_shard_of(path: str | PurePath, source: str) -> bool:
     return path == PurePath(source) or (path.parent == PurePath(source) and path.suffix == ".jsonl")
 
 
-def read_shards(source: str | Path, task: str | None = None) -> list[Example]:
+def read_shards(source: str | Path, task: str | None = None, say_repeats: bool = True) -> list[Example]:
     """Every row of every shard ``source`` names (see ``shard_files``), each validated, and each of the project's
     ``task`` family when one is given; DatasetError naming the shard's ``file:line`` on the first bad row, or the
     source when it names no file. Rows that repeat an earlier one are kept (a repeated row is how a dataset
-    upweights it) but said, with their count and the first repeat's ``file:line``."""
+    upweights it) but said, with their count and the first repeat's ``file:line``, unless ``say_repeats`` is false (a
+    check before a run: the data stage says it once)."""
     files = shard_files(source)
     if not files:
         raise DatasetError(f"{source}: no JSONL file (a file, a directory of *.jsonl shards, or a glob)")
@@ -123,7 +133,7 @@ def read_shards(source: str | Path, task: str | None = None) -> list[Example]:
             if (seen := first_seen.setdefault(json.dumps(example.to_row(), sort_keys=True), where)) != where:
                 repeats.append(f"{where} repeats {seen}")
             examples.append(example)
-    if repeats:
+    if repeats and say_repeats:
         warn(f"{source}: {len(repeats)} row(s) repeat an earlier one and train as often as they appear ({repeats[0]})")
     return examples
 
@@ -144,15 +154,29 @@ def check_prompt_lengths(
 ) -> None:
     """Every prompt, as ``prompt_format`` gives it to the model, fits ``max_prompt_length`` (sft.max_prompt_length, the
     bound every stage shares) and leaves the model's ``positions`` room for the stage's ``new_tokens`` (key, value);
-    DatasetError naming ``source:line``."""
+    DatasetError naming ``source:line``. And a warning when worked solutions, with their stop token, need more than
+    ``new_tokens``: the stage would cut off responses as long as the task's own answers, so its scores would fall
+    for want of room, not of skill."""
     key, count = new_tokens
     limit, why = max_prompt_length, f"sft.max_prompt_length={max_prompt_length}"
     if positions - count < limit:
         limit, why = positions - count, f"the model's {positions} positions less {key}={count}"
+    for line, example in enumerate(examples, start=1):
+        if token := prompt_format.control_token_in(tokenizer, example.prompt):
+            raise DatasetError(f"{source}:{line}: the prompt holds {token!r}, a control token of the model's tokenizer")
     lengths = [len(ids) for ids in prompt_format.encode(tokenizer, [e.prompt for e in examples])]
+    system = prompt_format.system_prompt
     for line, length in enumerate(lengths, start=1):
         if length > limit:
-            raise DatasetError(f"{source}:{line}: the prompt is {length} tokens, over {why}")
+            own = len(tokenizer(system, add_special_tokens=False)["input_ids"]) if system else 0
+            blame = f" (task.system_prompt is {own} tokens of it)" if system else ""
+            raise DatasetError(f"{source}:{line}: the prompt is {length} tokens, over {why}{blame}")
+    solutions = [len(finished_response_ids(tokenizer, e.solution)) for e in examples if e.solution]
+    if over := sum(length > count for length in solutions):
+        warn(
+            f"{key}={count}: {over} of the {len(solutions)} worked solutions in {source} ({over / len(solutions):.0%}"
+            f", the longest {max(solutions)} tokens with its stop token) do not fit; responses will be cut off"
+        )
 
 
 def _read_rows(path: str | Path, parse: Callable[[str], Row]) -> list[Row]:
@@ -253,9 +277,15 @@ def _row_parser(task: str) -> Callable[[str], Example]:
         return parse_example_row
 
     def parse(line: str) -> Example:
-        example = module.from_row(_json_dict(line))
+        try:
+            example = module.from_row(_json_dict(line))
+        except (LookupError, TypeError, AttributeError) as error:  # what reading a row of the wrong shape raises
+            raise ValueError(f"{task}.from_row() raised {type(error).__name__}: {error}") from None
         if not isinstance(example, Example):
             raise TaskError(f"task.name: {task!r}'s from_row returned a {type(example).__name__}, not an Example")
+        # The row is the declared task's whichever module's from_row built it (one re-exported from another task
+        # tags its rows with that task's name): task.name's verifier grades it, and its statistics are task.name's.
+        example = replace(example, task=task)
         _check_lengths(example.to_row(), _STRING_FIELDS)
         return _verified(example)
 
@@ -278,17 +308,19 @@ def _example_row(row: dict[str, Any]) -> Example:
 
 
 def _verified(example: Example) -> Example:
-    """``example`` once its task finds nothing wrong with it: its prompt agrees with its answer, and its worked
-    solution (when it has one) passes the verifier (when the task has one)."""
-    module = task_module(example.task)
-    mismatch, score = getattr(module, "mismatch", None), getattr(module, "score", None)
+    """``example`` once its task finds nothing wrong with it: its prompt agrees with its answer, it has a difficulty
+    label, and its worked solution (when it has one) passes the verifier (when the task has one)."""
+    mismatch = getattr(task_module(example.task), "mismatch", None)
     try:  # the prompt first: a row that disagrees with itself says so before its solution is judged
         problem = mismatch(example) if callable(mismatch) else None
-        formatted, verified = score(example, example.solution) if callable(score) and example.solution else (1, 1)
+        if problem is not None:
+            raise ValueError(problem)
+        difficulty_label(example)
     except (KeyError, TypeError) as error:
         raise ValueError(f"'meta' lacks what the {example.task} verifier needs ({error})") from None
-    if problem is not None:
-        raise ValueError(problem)
+    formatted, verified = (
+        score_response(example, example.solution) if has_verifier(example) and example.solution else (1, 1)
+    )
     if not formatted:
         raise ValueError("'solution' is not of the form the task's verifier reads (<think>…</think><answer>…</answer>)")
     if not verified:

@@ -40,8 +40,17 @@ class PromptFormat:
         system = [] if self.system_prompt is None else [{"role": "system", "content": self.system_prompt}]
         return [*system, {"role": "user", "content": prompt}]
 
+    def control_token_in(self, tokenizer: Any, text: str) -> str | None:
+        """The first of the tokenizer's control tokens (``<|im_end|>``, ``</s>``) that ``text`` holds: the tokenizer
+        would read it as that control token, not as text, ending a turn where the text meant none."""
+        return next((token for token in tokenizer.all_special_tokens if token and token in text), None)
+
     def encode(self, tokenizer: Any, prompts: Sequence[str]) -> list[list[int]]:
-        """The token ids of each prompt, as the model reads it before its response's first token."""
+        """The token ids of each prompt, as the model reads it before its response's first token; PromptFormatError
+        for a prompt or system prompt holding one of the tokenizer's control tokens."""
+        for where, text in (("task.system_prompt", self.system_prompt or ""), *(("a prompt", p) for p in prompts)):
+            if token := self.control_token_in(tokenizer, text):
+                raise PromptFormatError(f"{where} holds {token!r}, a control token of the model's tokenizer: {text!r}")
         if not self.uses_template(tokenizer):
             return tokenizer(list(prompts))["input_ids"]
         rendered = [
@@ -50,6 +59,11 @@ class PromptFormat:
         ]
         # The template writes whatever beginning-of-sequence token the model expects; adding one would double it.
         return tokenizer(rendered, add_special_tokens=False)["input_ids"]
+
+
+def finished_response_ids(tokenizer: Any, response: str) -> list[int]:
+    """The token ids of ``response`` as a model ends it: no beginning-of-sequence, then end-of-sequence."""
+    return tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
 
 
 BARE = PromptFormat("never", None)  # the prompt's text as it is: a model without a chat template reads it so

@@ -8,9 +8,10 @@ full key (``sft.lr: must be > 0, got -0.001``), before any stage starts.
 from __future__ import annotations
 
 import dataclasses
+import json
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,11 +84,42 @@ def _why(key: str) -> str:
 _BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
 
 
-def schema_errors(error: ValidationError) -> list[str]:
-    """pydantic's errors as ``key: what is wrong``, in the words the CLI has always used."""
+def _as_read(value: Any) -> str:
+    """What YAML made of an override's text, in words."""
+    if value is None:
+        return "null (no value)"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, int | float):
+        return f"the number {value}"
+    return f"a {'list' if isinstance(value, list) else 'mapping'}, {json.dumps(value)}"
+
+
+def _override_reading(key: str, overrides: dict[str, str]) -> str:
+    """For a key an override set to something YAML reads as another type (``Yes``, ``on``, ``-``, nothing): what it
+    was read as and how to quote it; empty for any other key."""
+    if key not in overrides:
+        return ""
+    text = overrides[key].partition("=")[2]
+    read = OmegaConf.to_container(OmegaConf.from_dotlist([f"value={text}"]))["value"]
+    if isinstance(read, str):
+        return ""
+    return (
+        f" (the override {overrides[key]!r}: YAML reads {text!r} as {_as_read(read)}; for the text, quote it: "
+        f"'{key}=\"{text}\"' in a shell)"
+    )
+
+
+def schema_errors(error: ValidationError, overrides: Sequence[str] = ()) -> list[str]:
+    """pydantic's errors as ``key: what is wrong``, in the words the CLI has always used; a value an override gave
+    that YAML read as another type than its text says what it was read as."""
+    given = {override.partition("=")[0].strip(): override for override in overrides}
     messages = []
     for problem in error.errors():
         key, kind, got = ".".join(str(part) for part in problem["loc"]), problem["type"], problem.get("input")
+        if kind.endswith("_type") and (reading := _override_reading(key, given)):
+            messages.append(f"{key}: {problem['msg']}{reading}")
+            continue
         if kind in ("unexpected_keyword_argument", "extra_forbidden"):
             messages.append(f"{key}: unknown key")
         elif kind in _BOUNDS:
@@ -208,5 +240,5 @@ def load_params(path: str | Path = "params.yaml", overrides: list[str] | tuple[s
     try:
         params = _PARAMS.validate_python(values)
     except ValidationError as error:
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(schema_errors(error))) from None
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(schema_errors(error, overrides))) from None
     return validate(params)

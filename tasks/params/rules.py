@@ -273,7 +273,21 @@ def _size_errors(name: str, size: ModelSizeConfig, longest: int) -> Iterator[str
         )
 
 
+def _device_errors(params: Params) -> Iterator[str]:
+    """``device: cuda`` needs a GPU where the stages run: here, unless they run on a Ray cluster's workers."""
+    if params.device != "cuda" or params.runner.ray_address or os.environ.get("RAY_ADDRESS"):
+        return
+    import torch  # only for a params file that asks for a GPU
+
+    if not torch.cuda.is_available():
+        yield (
+            "device: 'cuda', but no GPU is visible here (torch.cuda.is_available() is false); use cpu, auto (a GPU "
+            "when there is one), or runner.ray_address for a Ray cluster's GPU workers"
+        )
+
+
 def cross_field_errors(params: Params) -> Iterator[str]:
+    yield from _device_errors(params)
     base, evaluation = params.base, params.eval
     for name in SFT_SECTIONS:
         sft = getattr(params, name)
@@ -322,6 +336,12 @@ def cross_field_errors(params: Params) -> Iterator[str]:
     if params.task.chat_template == "always" and source_problem is None and not has_chat_template(base.model_path):
         model = base.model_path or "the built-in tiny model"
         yield f"task.chat_template: 'always' needs a chat template, and the base model ({model}) has none (auto, never)"
+    if params.task.system_prompt is not None and source_problem is None:
+        if params.task.chat_template == "never":
+            yield "task.system_prompt: set, but task.chat_template is 'never': only a chat template puts it in a prompt"
+        elif not has_chat_template(base.model_path):
+            model = base.model_path or "the built-in tiny model"
+            yield f"task.system_prompt: set, but the base model ({model}) has no chat template to put it in"
     backbone = params.reward_backbone
     yield from _size_errors("reward_backbone", backbone, max(longest, backbone.max_length))
     yield from _reward_model_errors(params)

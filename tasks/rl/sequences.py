@@ -13,7 +13,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from tasks.common.distributed import is_sharded
-from tasks.data.prompts import PromptFormat
+from tasks.data.prompts import PromptFormat, finished_response_ids
 from tasks.rl.core_algos import token_logprobs
 
 
@@ -131,11 +131,6 @@ def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> P
         response_mask[row, : len(response)] = 1.0
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     return PackedBatch(input_ids, attention_mask, position_ids, response_mask, prompt_width)
-
-
-def finished_response_ids(tokenizer: PreTrainedTokenizerBase, response: str) -> list[int]:
-    """The token ids of ``response`` as a model ends it: no beginning-of-sequence, then end-of-sequence."""
-    return tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
 
 
 def pack_text(

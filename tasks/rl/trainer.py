@@ -65,7 +65,7 @@ from tasks.rl.learner import Learner, LoopState, Rollout, RunningMoments
 from tasks.rl.placement import Roles, placed
 from tasks.rl.policy_gradient import POLICY_GRADIENT
 from tasks.rl.rewards import REWARD_MODEL, RewardInputs, RewardScorer
-from tasks.rollout.engine import Sampling
+from tasks.rollout.engine import Sampling, truncated_rate
 
 # Rewards beyond this are a bug in a reward function, not a signal: normalising them would overflow.
 REWARD_LIMIT = 1e6
@@ -160,6 +160,7 @@ def rollout_metrics(rollout: Rollout) -> dict[str, float]:
         **{name: float(count) for name, count in rollout.failures.items()},
         "gold_reward": sum(gold) / len(gold),
         "accuracy": sum(correct) / len(correct),
+        "truncated_rate": truncated_rate(rollout.completions),
     }
 
 
@@ -317,7 +318,7 @@ def train(
             if state.step % cfg.save_every == 0 and state.step < cfg.steps:
                 checkpointer.save(_checkpoint(roles, state, reference_reset))
         final = _latest(state.history)
-        for name in ("reward", "gold_reward", "accuracy", "kl", "kl_coef", "entropy", "divergence"):
+        for name in ("reward", "gold_reward", "accuracy", "truncated_rate", "kl", "kl_coef", "entropy", "divergence"):
             if name in final:
                 live.summary[name] = final[name]
         live.summary["kl_budget"] = cfg.kl_budget

@@ -34,6 +34,11 @@ class Completion:
     engine: int = 0  # the rollout engine replica that sampled it
 
 
+def truncated_rate(completions: list[Completion]) -> float:
+    """The share of ``completions`` cut off at ``max_new_tokens`` before their stop token."""
+    return sum(c.truncated for c in completions) / len(completions)
+
+
 class RolloutEngine(Protocol):
     def generate(self, prompts: list[str], sampling: Sampling) -> list[Completion]:
         """Completions grouped by prompt: the n of prompt 0, then the n of prompt 1, ..."""

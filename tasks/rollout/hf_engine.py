@@ -20,7 +20,7 @@ class HFEngine:
     Not ``model.generate``, which prefills every prompt once per sample and keeps computing rows
     that have ended until the longest one does: here each prompt is prefilled once and its cache
     copied to its ``n`` samples, and a row leaves the batch at its end-of-sequence (as vLLM's
-    scheduler does). ``bench/sampling.py``: 1.3-1.4x ``generate``'s speed on a GRPO rollout of the
+    scheduler does). ``bench/speed/sampling.py``: 1.3-1.4x ``generate``'s speed on a GRPO rollout of the
     default task (32 prompts x 8), 1.25x on eval's pass@k sampling; greedy decoding gains little.
     """
 

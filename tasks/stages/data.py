@@ -1,9 +1,14 @@
 """Stage `data`: the train and held-out splits, generated from the seed or read from shards of your own under data/."""
 
+import json
+from collections import Counter
+
 from tasks.common.artifacts import DATA_DIR, atomic_output
+from tasks.common.errors import warn
 from tasks.common.registry import StageRun
 from tasks.common.tracking import stage_live
 from tasks.data.datasets import generate_splits, read_shards, write_jsonl
+from tasks.data.problems import Example
 
 
 def run(stage: StageRun) -> None:
@@ -25,3 +30,30 @@ def run(stage: StageRun) -> None:
         write_jsonl(out / "test.jsonl", test)
         live.log_metric("num_train", len(train), plot=False)
         live.log_metric("num_test", len(test), plot=False)
+    if params.base.model_path is None:
+        _say_unknown_characters(train + test)
+    splits = (("train", train, cfg.train_file), ("test", test, cfg.test_file))
+    print(f"data: task {params.task.name}; " + "; ".join(_said(*split) for split in splits))
+
+
+def _said(split: str, rows: list[Example], source: str | None) -> str:
+    """What the data stage read for ``split``: its rows, how many repeat an earlier one, and where they came from."""
+    repeated = len(rows) - len({json.dumps(row.to_row(), sort_keys=True) for row in rows})
+    where = f"read from {source}" if source is not None else "generated from the seed"
+    return f"{split} {len(rows)} rows ({where}" + (f", {repeated} repeated" if repeated else "") + ")"
+
+
+def _say_unknown_characters(rows: list[Example]) -> None:
+    """Characters the built-in tiny model's tokenizer lacks each read as its unknown token: all alike to the model."""
+    from models import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    known = {token for token in tokenizer.get_vocab() if len(token) == 1}
+    unknown = Counter(char for row in rows for char in row.prompt + (row.solution or "") if char not in known)
+    if unknown:
+        hit = sum(1 for row in rows if set(row.prompt + (row.solution or "")) - known)
+        shown = ", ".join(repr(char) for char, _ in unknown.most_common(5))
+        warn(
+            f"data: {hit} row(s) hold characters the built-in tiny model's tokenizer does not know ({shown}): each "
+            f"reads as {tokenizer.unk_token}, so the model cannot tell them apart"
+        )

@@ -70,7 +70,7 @@ def run_reference(stage: StageRun) -> None:
     print(f"dpo_reference: log-probs of {len(tensors['train.chosen'])} training pairs under {init}", flush=True)
 
 
-def _reference(
+def stored_reference(
     split: str, source: Path, init: str, reference_file: Path = REFERENCE_FILE
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference's (chosen, rejected) log-probs of ``split``, checked to belong to these pairs and this model."""
@@ -88,7 +88,7 @@ def _reference(
 class PairScorer:
     """The DPO family's loss on the pairs of a split, by row index, against the reference: its stored log-probs
     (the dpo stage), or a frozen reference model run on every batch (how trainers without a reference pass work;
-    bench/dpo_vs_trl.py times both)."""
+    bench/trl/dpo.py times both)."""
 
     def __init__(
         self,
@@ -133,7 +133,7 @@ def run(stage: StageRun) -> None:
     for split in SPLITS:
         source, pairs = _pairs(preferences, split)
         tokenized = tokenize_pairs(pairs, tokenizer, PromptFormat.of(params.task), source, positions)
-        reference = _reference(split, source, cfg.init, inputs["reference"] / REFERENCE_FILE.name)
+        reference = stored_reference(split, source, cfg.init, inputs["reference"] / REFERENCE_FILE.name)
         scorers[split] = (pairs, PairScorer(cfg, tokenized, reference, tokenizer.pad_token_id))
     train_pairs, _ = scorers["train"]
     if len(train_pairs) < cfg.batch_size:

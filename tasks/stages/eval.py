@@ -1,4 +1,5 @@
-"""Stage `eval@<model>`: held-out greedy pass@1, sampled pass@k, format compliance and response length.
+"""Stage `eval@<model>`: held-out greedy pass@1, sampled pass@k, format compliance, response length and the share
+of greedy responses cut off at ``eval.max_new_tokens`` (``truncated_rate``: a high one explains a low pass@1).
 
 ``gold_reward`` is the gold judge's mean utility (``tasks/data/judge.py``, [0, 1]) of the sampled
 responses: the policy's expected reward as RLHF optimises it, measured by the judge it never saw.
@@ -19,7 +20,7 @@ from tasks.data.datasets import read_examples
 from tasks.data.judge import gold_utility
 from tasks.data.problems import Example, score_response
 from tasks.rl.core_algos import pass_at_k
-from tasks.rollout.engine import Completion, RolloutEngine, Sampling
+from tasks.rollout.engine import Completion, RolloutEngine, Sampling, truncated_rate
 from tasks.rollout.hf_engine import policy_engine
 
 
@@ -46,6 +47,7 @@ def evaluate(engine: RolloutEngine, examples: list[Example], cfg: EvalConfig) ->
         "gold_reward": sum(gold) / len(gold),
         "format_rate": greedy_scores[:, 0].float().mean().item(),
         "response_length": sum(len(c.token_ids) for c in greedy) / len(greedy),
+        "truncated_rate": truncated_rate(greedy),
     }
     rows = [
         {"prompt": prompts[c.prompt_index], "response": c.text, "formatted": bool(f), "correct": bool(ok)}

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tasks.common.config import Params, RejectionSamplingConfig
-from tasks.data.problems import Example, has_verifier, score_response, task_module
+from tasks.data.problems import Example, difficulty_label, has_verifier, score_response
 from tasks.rollout.engine import Sampling
 from tasks.rollout.hf_engine import policy_engine
 
@@ -57,7 +57,7 @@ def sample_and_verify(
     for index, example in enumerate(prompts):
         group = [c.text for c in completions[index * cfg.samples_per_prompt : (index + 1) * cfg.samples_per_prompt]]
         if has_verifier(example):
-            label = task_module(example.task).difficulty(example)
+            label = difficulty_label(example)
             sampled[label] += len(group)
             verified[label] += sum(score_response(example, text) == (True, True) for text in group)
         for response in accepted(example, group, cfg.max_per_prompt, rank, top_by_rank):

@@ -4,24 +4,34 @@ A task is a module named in params (``task.name``): a built-in family (``arithme
 synthetic problems) or a module of your own, by its import path from the project directory
 (``examples.word_problems``; docs/tasks.md). Every stage that prompts or verifies goes through it. It defines:
 
-- ``difficulty(example) -> str``: the label statistics are grouped by (required);
+- ``difficulty(example) -> str``: the label statistics are grouped by (required; a non-empty string, checked on
+  every row read);
 - ``score(example, response) -> (well_formatted, correct)``: the verifier of a model's response, required of
   ``task.name``'s module (eval and the RL rewards grade with it); the general rows R1's rejection sampling mixes in
-  may come from a task without one, ranked by the reward model instead;
+  may come from a task without one, ranked by the reward model instead. Every stage calls it through
+  ``score_response``, which refuses a verdict that is not two truth values, and a verifier that raises, naming the
+  task, ``score()`` and the example;
 - ``from_row(row: dict) -> Example``: one row of your JSONL, in your own fields, as the ``Example`` every stage
-  reads; a ValueError saying what is wrong names the row's ``file:line``. Without it, rows are ``Example`` rows
-  (``task``, ``prompt``, ``answer``, ``solution``, ``meta``);
+  reads; a ValueError saying what is wrong (or a KeyError, TypeError from a row of the wrong shape) names the
+  row's ``file:line``. Without it, rows are ``Example`` rows (``task``, ``prompt``, ``answer``, ``solution``,
+  ``meta``);
 - ``mismatch(example) -> str | None``: why a row disagrees with itself (a prompt and an answer that do not match),
   checked on every row read;
 - ``generate(rng, cfg) -> Example``: a seeded synthetic problem (``cfg``: the ``task.<name>`` section), for a task
   that generates its data; without it, ``data.train_file`` and ``data.test_file`` are required.
+
+A row is the task's that read or generated it: its ``Example.task`` is ``task.name`` whichever module's ``from_row``
+or ``generate`` built it (one re-exported from another task), so the declared task's verifier grades it.
 """
 
 import functools
 import importlib
+import numbers
 import os
 import sys
 from types import ModuleType
+
+import numpy
 
 from tasks.data.problems import arithmetic, countdown
 from tasks.data.problems.example import Example, parse_response
@@ -30,11 +40,23 @@ from tasks.data.problems.example import Example, parse_response
 BUILT_IN: dict[str, ModuleType] = {"arithmetic": arithmetic, "countdown": countdown}
 REQUIRED = ("difficulty",)
 
-__all__ = ["BUILT_IN", "Example", "TaskError", "has_verifier", "parse_response", "score_response", "task_module"]
+__all__ = [
+    "BUILT_IN",
+    "Example",
+    "TaskError",
+    "difficulty_label",
+    "has_verifier",
+    "parse_response",
+    "score_response",
+    "task_module",
+]
+# How much of a response, a prompt or a returned value an error quotes: enough to find the example.
+_QUOTED_CHARS = 60
 
 
 class TaskError(ValueError):
-    """A task module that cannot serve: it does not import, or lacks a function a task defines."""
+    """A task module that cannot serve: it does not import, lacks a function a task defines, or one of its
+    functions returns what a task's cannot (a verdict that is not two truth values, a label that is not a string)."""
 
 
 @functools.cache
@@ -65,5 +87,50 @@ def has_verifier(example: Example) -> bool:
 
 
 def score_response(example: Example, response: str) -> tuple[bool, bool]:
-    """(well_formatted, correct) of a model's response to ``example``, by its task's verifier."""
-    return task_module(example.task).score(example, response)
+    """(well_formatted, correct) of a model's response to ``example``, by its task's verifier: the one call every
+    stage grades through. TaskError naming the task, ``score()`` and the example when the verifier raises or returns
+    anything but two truth values (bools, or numbers that are 0 or 1): a NaN or a 2.0 would otherwise become a
+    metric or a reward."""
+    score = task_module(example.task).score
+    try:
+        verdict = score(example, response)
+    except Exception as error:  # the verifier's own bug, or model text it cannot read: the task's to fix, said so
+        raise TaskError(_blame(example, response, f"raised {type(error).__name__}: {error}")) from error
+    pair = tuple(map(_truth, verdict)) if isinstance(verdict, tuple | list) and len(verdict) == 2 else None
+    if pair is None or None in pair:
+        what = f"returned {_quoted(verdict)}, not the pair (well_formatted, correct) of bools"
+        raise TaskError(_blame(example, response, what))
+    return pair
+
+
+def difficulty_label(example: Example) -> str:
+    """The label ``example``'s task groups it under; TaskError naming the task and the example when ``difficulty()``
+    returns anything but a non-empty string (a metric's name is made of it)."""
+    label = task_module(example.task).difficulty(example)
+    if not isinstance(label, str) or not label:
+        raise TaskError(
+            f"{example.task}.difficulty() returned {_quoted(label)}, not a non-empty string, for the prompt "
+            f"{_quoted(example.prompt)}"
+        )
+    return label
+
+
+def _truth(value: object) -> bool | None:
+    """A verdict's truth value: a bool (numpy's too: ``numpy.isclose`` returns one) or a number that is 0 or 1."""
+    if isinstance(value, bool | numpy.bool_) or (isinstance(value, numbers.Real) and value in (0, 1)):
+        return bool(value)
+    return None
+
+
+def _blame(example: Example, response: str, what: str) -> str:
+    return (
+        f"{example.task}.score() {what}, on the response {_quoted(response)} to the prompt {_quoted(example.prompt)} "
+        "(docs/tasks.md: a verifier returns (well_formatted, correct))"
+    )
+
+
+def _quoted(value: object) -> str:
+    """``value``'s repr, cut short, and its type unless a string's quotes say it: True and 'True' differ."""
+    text = repr(value)
+    text = text if len(text) <= _QUOTED_CHARS else f"{text[:_QUOTED_CHARS]}…"
+    return text if isinstance(value, str) else f"{text} ({type(value).__name__})"

@@ -1,0 +1,1 @@
+"""Does it learn: held-out quality after training, by algorithm, reward model and model size."""

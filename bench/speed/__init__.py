@@ -1,0 +1,1 @@
+"""Where the time goes: sampling, training steps, MFU, data parallelism and orchestration."""

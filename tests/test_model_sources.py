@@ -1,0 +1,126 @@
+"""A model source is what its bytes are: a GGUF that does not load whole (truncated, of an architecture transformers
+does not read, or missing weights its architecture has) is refused naming ``base.model_path``, and ``dvc.lock``
+follows the source's content, not its name."""
+
+import hashlib
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGUFWriter
+from omegaconf import OmegaConf
+
+from flows.cli import main
+from tests.conftest import ENV, make_project
+
+_TOKENS = ["<s>", "</s>", *"abcdefghijklmnopqrstuvwxyz0123456789 +=", "ab"]
+
+
+def tiny_gguf(path: Path, architecture: str = "llama", seed: int = 0) -> Path:
+    """A GGUF file of a one-layer Llama's weights (float32) and a BPE tokenizer, declaring ``architecture``."""
+    hidden, ff = 16, 32
+    writer = GGUFWriter(str(path), architecture)
+    writer.add_context_length(64)
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(ff)
+    writer.add_head_count(2)
+    writer.add_head_count_kv(2)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(hidden // 2)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(_TOKENS)
+    writer.add_token_types([1] * len(_TOKENS))
+    writer.add_token_merges(["a b"])
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(1)
+    shapes = {"token_embd.weight": (len(_TOKENS), hidden), "output_norm.weight": (hidden,)}
+    shapes |= {f"blk.0.{name}.weight": (hidden,) for name in ("attn_norm", "ffn_norm")}
+    shapes |= {f"blk.0.{name}.weight": (hidden, hidden) for name in ("attn_q", "attn_k", "attn_v", "attn_output")}
+    shapes |= {"blk.0.ffn_gate.weight": (ff, hidden), "blk.0.ffn_up.weight": (ff, hidden)}
+    shapes |= {"blk.0.ffn_down.weight": (hidden, ff)}
+    rng = np.random.default_rng(seed)
+    for name, shape in shapes.items():
+        writer.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _written(project: Path) -> list[str]:
+    """What a command left in the project besides its params, its data folder and the model files put there."""
+    return sorted(p.name for p in project.iterdir() if p.name not in ("params.yaml", "data") and p.suffix != ".gguf")
+
+
+@pytest.mark.parametrize(
+    ("cut", "message"),
+    [
+        (lambda size: size - 64, "the GGUF file is truncated: its tensors reach byte"),
+        (lambda size: 200, "the GGUF file ends or breaks inside its metadata (200 bytes)"),
+    ],
+    ids=["in its weights", "in its metadata"],
+)
+def test_a_truncated_gguf_is_refused_naming_the_key_before_any_stage(project, capsys, cut, message):
+    whole = tiny_gguf(project / "whole.gguf").read_bytes()
+    (project / "cut.gguf").write_bytes(whole[: cut(len(whole))])
+    assert main(["stage", "data", "base.model_path=cut.gguf"]) == 2
+    assert f"base.model_path: 'cut.gguf': {message}" in capsys.readouterr().err
+    assert _written(project) == []
+
+
+def test_a_gguf_of_an_architecture_transformers_does_not_read_is_refused_before_any_stage(project, capsys):
+    tiny_gguf(project / "odd.gguf", architecture="nosucharch")
+    assert main(["stage", "data", "base.model_path=odd.gguf"]) == 2
+    err = capsys.readouterr().err
+    assert "base.model_path: 'odd.gguf': the GGUF file's architecture 'nosucharch' is not one transformers loads" in err
+    assert _written(project) == []
+
+
+def test_a_gguf_whose_architecture_has_weights_the_file_lacks_is_refused_naming_them(project, capsys):
+    """qwen2 over a Llama's weights: transformers would load a Qwen2ForCausalLM with random q/k/v biases."""
+    tiny_gguf(project / "qwen2.gguf", architecture="qwen2")
+    assert main(["stage", "base", "base.model_path=qwen2.gguf"]) == 2
+    assert (
+        "base.model_path: 'qwen2.gguf' does not load whole as a Qwen2ForCausalLM: weights it lacks: "
+        "model.layers.0.self_attn.k_proj.bias, model.layers.0.self_attn.q_proj.bias, "
+        "model.layers.0.self_attn.v_proj.bias"
+    ) in capsys.readouterr().err
+    assert _written(project) == []
+
+
+def _alignflow(project: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["alignflow", *args], cwd=project, env=ENV, capture_output=True, text=True)
+
+
+@pytest.mark.slow
+def test_the_lock_follows_the_source_by_content_not_by_name(tmp_path):
+    """New bytes behind the same path re-run base; the same bytes under another name re-run nothing."""
+    models = tmp_path / "models"
+    models.mkdir()
+    first, second = tiny_gguf(models / "first.gguf"), tiny_gguf(models / "second.gguf", seed=1)
+    link = models / "model.gguf"
+    link.symlink_to(first)
+    project = make_project(tmp_path / "project", (f"base.model_path={link}",))
+    built = _alignflow(project, "repro", "base")
+    assert built.returncode == 0 and "Running stage 'base'" in built.stdout, built.stderr[-2000:]
+
+    link.unlink()
+    link.symlink_to(second)  # the same path, other bytes
+    rebuilt = _alignflow(project, "repro", "base")
+    assert rebuilt.returncode == 0 and "Running stage 'base'" in rebuilt.stdout, rebuilt.stderr[-2000:]
+    recorded = OmegaConf.load(project / "artifacts/base/source.json")
+    assert recorded.sha256 == hashlib.sha256(second.read_bytes()).hexdigest()
+    status = subprocess.run(["dvc", "status", "base"], cwd=project, env=ENV, capture_output=True, text=True)
+    assert status.returncode == 0 and "up to date" in status.stdout, status.stdout
+
+    renamed = shutil.copy(second, models / "renamed.gguf")  # the same bytes, another name
+    lock, model = (project / "dvc.lock").read_bytes(), (project / "artifacts/base/model.safetensors").read_bytes()
+    again = _alignflow(project, "repro", "base", f"base.model_path={renamed}")
+    assert again.returncode == 0 and "Running stage" not in again.stdout, again.stdout + again.stderr[-2000:]
+    assert "'base' didn't change" in again.stdout
+    assert (project / "dvc.lock").read_bytes() == lock
+    assert (project / "artifacts/base/model.safetensors").read_bytes() == model
