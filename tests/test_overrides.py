@@ -103,8 +103,8 @@ def test_a_group_is_titled_with_its_key_and_its_sections_help(forms):
         ("sft", {"sft", "eval"}, {"ppo", "grpo", "sft_cold", "rejection", "dpo", "distill", "reward_model"}),
         ("rlhf", {"sft_cold", "preferences", "reward_model", "best_of_n", "ppo"}, {"grpo", "rejection", "dpo"}),
         ("r1", {"sft_cold", "grpo", "rejection", "sft_rs", "grpo_final"}, {"ppo", "dpo", "distill", "rounds"}),
-        ("r1_zero", {"grpo"}, {"sft", "sft_cold", "ppo", "rejection"}),
-        ("offline_to_online", {"sft_cold", "preferences", "dpo", "online_dpo"}, {"sft", "ppo", "grpo"}),
+        ("r1_zero", {"grpo"}, {"sft_cold", "ppo", "rejection"}),
+        ("offline_to_online", {"sft_cold", "preferences", "dpo", "online_dpo"}, {"ppo", "grpo"}),
         ("distill", {"grpo", "student_base", "teacher_data", "sft_distill", "distill"}, {"ppo", "dpo", "rejection"}),
     ],
 )
@@ -112,6 +112,9 @@ def test_each_pipeline_form_holds_the_sections_its_stages_read(forms, pipeline, 
     sections = set(forms[pipeline].model_fields)
     assert {"seed", "device", "task", "data", "base", "eval"} | holds <= sections
     assert not sections & lacks
+    # every stage that samples reads the prompt bound sft.max_prompt_length: the form offers it, and only it, of sft
+    if pipeline in ("r1_zero", "offline_to_online"):  # no sft stage of their own
+        assert set(forms[pipeline].model_fields["sft"].annotation.model_fields) == {"max_prompt_length"}
     # Placement is the deployment's business; the rounds are the DAG's shape: neither is a field of a run.
     schema = json.dumps(forms[pipeline].model_json_schema())
     assert '"roles"' not in schema and '"runner"' not in schema and '"rounds"' not in schema
