@@ -246,3 +246,14 @@ def test_without_a_serve_alignflow_run_runs_in_its_own_process(uninterrupted, pr
     assert {"prefect", "dvc.repo", "ray"} <= _imported(result.stderr)  # (the flows are imported on another thread)
     assert result.stderr.count("is up to date: skipped") == 5
     assert result.stdout == alignflow(project, ENV, "report").stdout
+
+
+def test_a_healthy_run_with_prefects_own_temporary_server_prints_no_error(uninterrupted, tmp_path):
+    """No PREFECT_API_URL: the flow run starts Prefect's temporary server, whose usage telemetry, reaching for the
+    network, logged an ERROR on every run."""
+    project = _copy(uninterrupted["path"], tmp_path / "project")
+    env = {key: value for key, value in ENV.items() if not key.startswith("PREFECT_")}
+    result = alignflow(project, {**env, "PREFECT_HOME": str(tmp_path / "prefect-home")}, "run", "sft")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count("is up to date: skipped") == 5
+    assert "ERROR" not in result.stdout + result.stderr, (result.stdout + result.stderr)[-3000:]

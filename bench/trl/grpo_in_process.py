@@ -258,7 +258,6 @@ def trl_leg(args, model_dir: Path, examples: list[Example], device: torch.device
     import peft
     import trl
     from datasets import Dataset
-    from trl import GRPOTrainer
 
     from bench.trl.grpo_leg import check_prompt_ids, grpo_trainer, logged
     from bench.trl.legs import StepTimer
@@ -294,21 +293,16 @@ def trl_leg(args, model_dir: Path, examples: list[Example], device: torch.device
         "lora": {"rank": 16, "alpha": 32, "dropout": 0.0, "target_modules": ["all-linear"]},
     }
 
-    class Trainer(GRPOTrainer):
-        def _generate_single_turn(self, *args, **kwargs):
-            """Sampling under the accelerator's bf16 autocast, as the training passes: as shipped, transformers'
-            generate on a PEFT model runs outside it (accelerate wraps the PEFT model's forward, which generate
-            does not call), in the fp32 weights' precision."""
-            with self.accelerator.autocast() if sampling == "bf16" else contextlib.nullcontext():
-                return super()._generate_single_turn(*args, **kwargs)
-
-    sampling = args.sampling
     timer = StepTimer()
-    trainer = grpo_trainer(settings, dataset, tokenizer, model, timer, Trainer)
+    trainer = grpo_trainer(settings, dataset, tokenizer, model, timer)
     expected = PromptFormat("auto", SYSTEM_PROMPT).encode(tokenizer, [e.prompt for e in examples[:4]])
     check_prompt_ids(tokenizer, dataset, expected)
     seen, (probe,) = dtype_probe(trainer.model)
-    trainer.train()
+    # --sampling bf16: the whole run under the accelerator's bf16 autocast, sampling included. As shipped,
+    # transformers' generate on a PEFT model runs outside it (accelerate wraps the PEFT model's forward, which
+    # generate does not call), in the fp32 weights' precision; the training passes are under it either way.
+    with trainer.accelerator.autocast() if args.sampling == "bf16" else contextlib.nullcontext():
+        trainer.train()
     probe.remove()
     lengths, rewards_logged = logged(trainer, "completions/mean_length"), logged(trainer, "reward")
     if len(lengths) != len(timer.seconds):

@@ -100,10 +100,10 @@ def grpo_config(settings: dict) -> GRPOConfig:
     )
 
 
-def grpo_trainer(settings: dict, dataset: Dataset, tokenizer, model, timer: StepTimer, trainer_class=GRPOTrainer):
-    """``trainer_class`` (GRPOTrainer or a subclass of it) on ``dataset`` with alignflow's rewards, timed by
-    ``timer``, with LoRA adapters where the settings have them."""
-    return trainer_class(
+def grpo_trainer(settings: dict, dataset: Dataset, tokenizer, model, timer: StepTimer):
+    """TRL's GRPOTrainer on ``dataset`` with alignflow's rewards, timed by ``timer``, with LoRA adapters where the
+    settings have them."""
+    return GRPOTrainer(
         model=model,
         reward_funcs=[accuracy, format_reward],
         args=grpo_config(settings),
