@@ -92,3 +92,22 @@ def test_the_online_stage_can_run_grpo_from_the_dpo_checkpoint_instead(o2o):
     assert result.returncode == 0, result.stderr
     train = json.loads((o2o["path"] / "metrics/online_dpo/metrics.json").read_text())["train"]
     assert "policy_loss" in train and "preference_loss" not in train
+
+
+def test_the_stored_reference_is_the_same_bytes_in_every_process(tmp_path):
+    """safetensors writes several metadata entries in its hash map's order, which differs between processes."""
+    import hashlib
+    import subprocess
+    import sys
+
+    write = (
+        "import sys, torch; from pathlib import Path; from tasks.stages.dpo import save_reference; "
+        "save_reference(Path(sys.argv[1]), {'train.chosen': torch.zeros(3)}, 'sft_cold', "
+        "{'train': 'a' * 64, 'test': 'b' * 64})"
+    )
+    digests = set()
+    for run in range(4):
+        path = tmp_path / f"{run}.safetensors"
+        subprocess.run([sys.executable, "-c", write, str(path)], check=True)
+        digests.add(hashlib.md5(path.read_bytes()).hexdigest())
+    assert len(digests) == 1

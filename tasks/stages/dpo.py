@@ -15,6 +15,7 @@ judge's order (``tasks/data/judge.py:preference_metrics``).
 
 import functools
 import hashlib
+import json
 from pathlib import Path
 
 import torch
@@ -37,6 +38,7 @@ from tasks.rl.preference import TokenizedPair, pack_pairs, pair_logprobs, refere
 from tasks.rl.preference_losses import PREFERENCE_LOSSES, preference_loss
 
 REFERENCE_DIR = stage_dir("dpo_reference")
+BELONGS_TO = "alignflow"  # the stored log-probs' metadata: the model and each split's pairs' digest, as JSON
 REFERENCE_FILE = REFERENCE_DIR / "logprobs.safetensors"
 SPLITS = ("train", "test")
 # The chosen log-prob may drift a little either way; a fall past this (nats per response) is worth a warning.
@@ -66,8 +68,15 @@ def run_reference(stage: StageRun) -> None:
         digests[split] = _digest(source)
     with atomic_output(REFERENCE_DIR) as out:
         out.mkdir()
-        save_file(tensors, out / REFERENCE_FILE.name, metadata={"model": params.dpo.init, **digests})
+        save_reference(out / REFERENCE_FILE.name, tensors, params.dpo.init, digests)
     print(f"dpo_reference: log-probs of {len(tensors['train.chosen'])} training pairs under {init}", flush=True)
+
+
+def save_reference(path: Path, tensors: dict[str, torch.Tensor], init: str, digests: dict[str, str]) -> None:
+    """The reference's log-probs, with the model and each split's pairs they belong to. One metadata entry:
+    safetensors writes several in its hash map's order, which changes from process to process."""
+    belongs_to = json.dumps({"model": init, **digests}, sort_keys=True)
+    save_file(tensors, path, metadata={BELONGS_TO: belongs_to})
 
 
 def stored_reference(
@@ -77,7 +86,8 @@ def stored_reference(
     if not reference_file.is_file():
         raise MissingUpstreamError(f"{reference_file}: not there yet; run `alignflow stage dpo_reference` first")
     with safe_open(reference_file, framework="pt") as stored:
-        if stored.metadata()["model"] != init or stored.metadata()[split] != _digest(source):
+        belongs_to = json.loads(stored.metadata().get(BELONGS_TO, "{}"))
+        if belongs_to.get("model") != init or belongs_to.get(split) != _digest(source):
             raise MissingUpstreamError(
                 f"{reference_file} holds the log-probs of other pairs or of another model than dpo.init={init!r}; "
                 "run `alignflow stage dpo_reference` again"
