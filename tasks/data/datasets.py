@@ -25,6 +25,7 @@ from tasks.data.problems import (
     has_verifier,
     score_response,
     task_module,
+    trace_turns,
 )
 from tasks.data.prompts import PromptFormat, finished_response_ids
 
@@ -318,6 +319,7 @@ def _verified(example: Example) -> Example:
         difficulty_label(example)
     except (KeyError, TypeError) as error:
         raise ValueError(f"'meta' lacks what the {example.task} verifier needs ({error})") from None
+    trace_turns(example)  # an agent task's worked trace: well formed, ending on the solution
     formatted, verified = (
         score_response(example, example.solution) if has_verifier(example) and example.solution else (1, 1)
     )

@@ -244,6 +244,7 @@ def _distill_errors(params: Params, longest: int) -> Iterator[str]:
 
 def _task_errors(params: Params) -> Iterator[str]:
     """The task module imports and defines what a task must, and what it cannot generate comes from files."""
+    from tasks.data.environments import agent_task_errors
     from tasks.data.problems import TaskError, task_module
 
     try:
@@ -251,6 +252,7 @@ def _task_errors(params: Params) -> Iterator[str]:
     except TaskError as error:
         yield str(error)
         return
+    yield from agent_task_errors(module, params.task.name)
     if not callable(getattr(module, "score", None)):  # a general row of no task may lack one; the task may not
         yield (
             f"task.name: the task module {params.task.name!r} lacks score(), the verifier eval and the RL rewards "

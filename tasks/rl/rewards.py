@@ -30,18 +30,17 @@ first error. A bad reward function never stops training; a reward that is not fi
 
 import importlib
 import math
-import multiprocessing
 import numbers
 import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 
 import torch
 
 from tasks.common.config.rl import REWARD_MODEL
 from tasks.common.registry_type import Registry
+from tasks.common.sandbox import Sandbox, SandboxDied
 from tasks.data.problems import Example, score_response
 from tasks.rl.core_algos import overlong_penalty
 
@@ -146,58 +145,10 @@ def _evaluate(function: RewardFunction, batch: RewardInputs) -> tuple[list[float
     return rewards, errors, first
 
 
-def _serve(names: list[str], connection: Connection) -> None:
-    """The reward process: import the functions once, then score batches as they come."""
+def _reward_handler(names: list[str]) -> Callable[[tuple[str, RewardInputs]], tuple[list[float], int, str | None]]:
+    """The reward process's handler: the functions imported once, then (name, batch) scored as it comes."""
     functions = {name: resolve(name) for name in names}
-    connection.send("ready")
-    while True:
-        try:
-            name, batch = connection.recv()
-        except EOFError:
-            return
-        connection.send(_evaluate(functions[name], batch))
-
-
-class RewardProcessDied(RuntimeError):
-    """The reward process exited while scoring a batch."""
-
-
-class _RewardProcess:
-    """A spawned process scoring batches; killed and replaced when a batch overruns its budget."""
-
-    STARTUP_SECONDS = 120.0
-
-    def __init__(self, names: list[str]):
-        # spawn, not fork: the trainer holds torch threads that a forked child must not inherit
-        context = multiprocessing.get_context("spawn")
-        self.connection, child = context.Pipe()
-        self.process = context.Process(target=_serve, args=(names, child), daemon=True)
-        self.process.start()
-        child.close()
-        try:
-            ready = self.connection.poll(self.STARTUP_SECONDS) and self.connection.recv() == "ready"
-        except EOFError:  # it died importing the reward functions; its traceback is on stderr
-            ready = False
-        if not ready:
-            self.kill()
-            raise RuntimeError("the reward process did not start")
-
-    def score(self, name: str, batch: RewardInputs, timeout: float) -> tuple[list[float], int, str | None] | None:
-        """The function's rewards, error count and first error, or None if it ran out of time; RewardProcessDied
-        if the process died (a crash of the function, say a segfault or os._exit, not a slow function)."""
-        try:
-            self.connection.send((name, batch))
-            if self.connection.poll(timeout):
-                return self.connection.recv()
-        except (EOFError, OSError):
-            raise RewardProcessDied(name) from None
-        if not self.process.is_alive():
-            raise RewardProcessDied(name)
-        return None
-
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.join()
+    return lambda request: _evaluate(functions[request[0]], request[1])
 
 
 class RewardScorer:
@@ -208,20 +159,21 @@ class RewardScorer:
         for name in self.weights:
             resolve(name)  # a reward that cannot be imported is a configuration error, before any training
         self.timeout_seconds, self.warn_fraction = timeout_seconds, warn_fraction
-        self._process: _RewardProcess | None = None
+        self._process: Sandbox | None = None
 
     def score(self, batch: RewardInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, int]]:
         """(weighted total (N,), each function's rewards by name, failure counts by metric name)."""
         total, per_function, failures = torch.zeros(len(batch)), {}, {}
         for name, weight in self.weights.items():
             if self._process is None:
-                self._process = _RewardProcess(list(self.weights))
+                self._process = Sandbox(_reward_handler, (list(self.weights),))
             try:
-                result = self._process.score(name, batch, self.timeout_seconds)
-            except RewardProcessDied:
+                answered, result = self._process.call((name, batch), self.timeout_seconds)
+            except SandboxDied:
                 self.close()  # the next batch gets a fresh process
-                result, failures[f"crashes/{name}"] = ([0.0] * len(batch), 0, "its process died"), len(batch)
-            if result is None:
+                answered, result = True, ([0.0] * len(batch), 0, "its process died")
+                failures[f"crashes/{name}"] = len(batch)
+            if not answered:
                 self.close()  # a stuck function dies with its process; the next batch gets a fresh one
                 rewards, failures[f"timeouts/{name}"] = [0.0] * len(batch), len(batch)
                 first_error = f"over its {self.timeout_seconds:g} s budget"

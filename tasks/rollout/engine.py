@@ -8,9 +8,11 @@ trainer's weights in place after each policy update.
 """
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from transformers import PreTrainedModel
+
+from tasks.data.prompts import PromptFormat
 
 
 @dataclass(frozen=True)
@@ -40,8 +42,17 @@ def truncated_rate(completions: list[Completion]) -> float:
 
 
 class RolloutEngine(Protocol):
+    tokenizer: Any
+    prompt_format: PromptFormat  # how ``generate`` turns a prompt into ids
+    stop_ids: list[int]  # the tokens that end a response
+
     def generate(self, prompts: list[str], sampling: Sampling) -> list[Completion]:
         """Completions grouped by prompt: the n of prompt 0, then the n of prompt 1, ..."""
+        ...
+
+    def generate_ids(self, prompt_ids: list[list[int]], sampling: Sampling) -> list[Completion]:
+        """``generate`` continuing each context of token ids as it is (no template, nothing added): a multi-turn
+        episode's next turn after the ids it has so far. ``generate`` is this after ``prompt_format``'s encoding."""
         ...
 
     def sync_weights(self, model: PreTrainedModel) -> None:

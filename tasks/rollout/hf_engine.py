@@ -34,20 +34,22 @@ class HFEngine:
         if model is not self.model:  # the trainer's own model needs nothing
             self.model.load_state_dict(model.state_dict())
 
-    @torch.no_grad()
     def generate(self, prompts: list[str], sampling: Sampling) -> list[Completion]:
+        return self.generate_ids(self.prompt_format.encode(self.tokenizer, prompts), sampling)
+
+    @torch.no_grad()
+    def generate_ids(self, prompt_ids: list[list[int]], sampling: Sampling) -> list[Completion]:
         was_training = self.model.training
         self.model.eval()
         completions = []
-        starts = range(0, len(prompts), self.batch_size)
+        starts = range(0, len(prompt_ids), self.batch_size)
         for start in tqdm(starts, desc="generate", leave=False, disable=len(starts) < 2):
-            prompt_ids = self.prompt_format.encode(self.tokenizer, prompts[start : start + self.batch_size])
-            sampled = self._sample(prompt_ids, sampling)
-            for row, (token_ids, logprobs) in enumerate(sampled):
+            batch = prompt_ids[start : start + self.batch_size]
+            for row, (token_ids, logprobs) in enumerate(self._sample(batch, sampling)):
                 truncated = token_ids[-1] not in self.stop_ids
                 text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
                 index = row // sampling.n
-                completions.append(Completion(start + index, prompt_ids[index], token_ids, text, logprobs, truncated))
+                completions.append(Completion(start + index, batch[index], token_ids, text, logprobs, truncated))
         self.model.train(was_training)
         return completions
 

@@ -93,6 +93,9 @@ class VLLMEngine:
                 self.llm.sleep(level=1)
 
     def generate(self, prompts: list[str], sampling: Sampling) -> list[Completion]:
+        return self.generate_ids(self._prompt_ids(prompts), sampling)
+
+    def generate_ids(self, prompt_ids: list[list[int]], sampling: Sampling) -> list[Completion]:
         from vllm import SamplingParams
 
         params = [
@@ -105,9 +108,8 @@ class VLLMEngine:
                 seed=self._seeds.randrange(2**31),
                 detokenize=False,  # decoded below with the HF tokenizer, as HFEngine does
             )
-            for _ in prompts
+            for _ in prompt_ids
         ]
-        prompt_ids = self._prompt_ids(prompts)
         with self._awake():
             outputs = self.llm.generate(_requests(prompt_ids), params, use_tqdm=False)
         completions = []

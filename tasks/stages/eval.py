@@ -10,17 +10,19 @@ from pathlib import Path
 
 import torch
 
-from models import num_parameters
+from models import context_length, num_parameters
 from tasks.common.artifacts import DATA_DIR, atomic_output, stage_dir
 from tasks.common.config import EvalConfig, Params
 from tasks.common.registry import StageRun
 from tasks.common.tracking import stage_live
 from tasks.common.training import make_deterministic
 from tasks.data.datasets import read_examples
+from tasks.data.environments import check_tool_tags, is_agent_task
 from tasks.data.judge import gold_utility
-from tasks.data.problems import Example, score_response
+from tasks.data.problems import Example, score_response, task_module
 from tasks.rl.core_algos import pass_at_k
-from tasks.rollout.engine import Completion, RolloutEngine, Sampling, truncated_rate
+from tasks.rollout.engine import Completion, RolloutEngine, Sampling
+from tasks.rollout.episodes import EPISODE_FIELDS, Episode, run_episodes
 from tasks.rollout.hf_engine import policy_engine
 
 
@@ -32,26 +34,73 @@ def greedy_responses(
     return greedy, torch.tensor([score_response(examples[c.prompt_index], c.text) for c in greedy])
 
 
-def evaluate(engine: RolloutEngine, examples: list[Example], cfg: EvalConfig) -> tuple[dict[str, float], list[dict]]:
-    """Held-out metrics of the policy behind ``engine``, and its greedy responses row by row."""
-    prompts = [e.prompt for e in examples]
-    greedy, greedy_scores = greedy_responses(engine, examples, cfg.max_new_tokens)
-    sampled = engine.generate(prompts, Sampling(cfg.max_new_tokens, n=cfg.k, temperature=cfg.temperature))
-    gold = [gold_utility(examples[c.prompt_index], c.text) for c in sampled]
-    sampled_correct = torch.tensor([score_response(examples[c.prompt_index], c.text)[1] for c in sampled])
-    correct_per_prompt = sampled_correct.view(len(prompts), cfg.k).sum(-1)
+def graded(
+    examples: list[Example], greedy: list[tuple[int, str, int, bool]], sampled: list[tuple[int, str]], k: int
+) -> tuple[dict[str, float], torch.Tensor]:
+    """The held-out metrics of greedy responses (prompt index, text, tokens, truncated) and ``k`` sampled ones per
+    prompt (prompt index, text), whether single completions or episodes' final turns, and the greedy verdicts."""
+    greedy_scores = torch.tensor([score_response(examples[index], text) for index, text, *_ in greedy])
+    gold = [gold_utility(examples[index], text) for index, text in sampled]
+    sampled_correct = torch.tensor([score_response(examples[index], text)[1] for index, text in sampled])
+    correct_per_prompt = sampled_correct.view(len(examples), k).sum(-1)
     metrics = {
         "pass@1": greedy_scores[:, 1].float().mean().item(),
-        "pass@k": pass_at_k(cfg.k, correct_per_prompt, cfg.k).mean().item(),
+        "pass@k": pass_at_k(k, correct_per_prompt, k).mean().item(),
         "sample_accuracy": sampled_correct.float().mean().item(),
         "gold_reward": sum(gold) / len(gold),
         "format_rate": greedy_scores[:, 0].float().mean().item(),
-        "response_length": sum(len(c.token_ids) for c in greedy) / len(greedy),
-        "truncated_rate": truncated_rate(greedy),
+        "response_length": sum(length for *_, length, _ in greedy) / len(greedy),
+        "truncated_rate": sum(truncated for *_, truncated in greedy) / len(greedy),
     }
+    return metrics, greedy_scores
+
+
+def evaluate(engine: RolloutEngine, examples: list[Example], cfg: EvalConfig) -> tuple[dict[str, float], list[dict]]:
+    """Held-out metrics of the policy behind ``engine``, and its greedy responses row by row."""
+    prompts = [e.prompt for e in examples]
+    greedy = engine.generate(prompts, Sampling(cfg.max_new_tokens, greedy=True))
+    sampled = engine.generate(prompts, Sampling(cfg.max_new_tokens, n=cfg.k, temperature=cfg.temperature))
+    metrics, greedy_scores = graded(
+        examples,
+        [(c.prompt_index, c.text, len(c.token_ids), c.truncated) for c in greedy],
+        [(c.prompt_index, c.text) for c in sampled],
+        cfg.k,
+    )
     rows = [
         {"prompt": prompts[c.prompt_index], "response": c.text, "formatted": bool(f), "correct": bool(ok)}
         for c, (f, ok) in zip(greedy, greedy_scores.tolist(), strict=True)
+    ]
+    return metrics, rows
+
+
+def evaluate_episodes(
+    engine: RolloutEngine, examples: list[Example], params: Params, max_total_tokens: int
+) -> tuple[dict[str, float], list[dict]]:
+    """``evaluate`` of a task with tools or an environment: episodes of up to ``agent.max_turns`` turns, graded by
+    ``score`` on their final turn, with their turns, tool calls and tool errors, and the greedy episodes row by row
+    (every turn, observation and reward)."""
+    cfg, agent = params.eval, params.agent
+    module = task_module(params.task.name)
+
+    def play(sampling: Sampling) -> list[Episode]:
+        limits = (agent.max_turns, max_total_tokens, agent.tool_timeout_seconds, agent.tool_output_chars)
+        return run_episodes(engine, examples, module, sampling, *limits)
+
+    greedy = play(Sampling(cfg.max_new_tokens, greedy=True))
+    sampled = play(Sampling(cfg.max_new_tokens, n=cfg.k, temperature=cfg.temperature))
+    metrics, greedy_scores = graded(
+        examples,
+        [(e.prompt_index, e.final_text, sum(e.mask), e.truncated) for e in greedy],
+        [(e.prompt_index, e.final_text) for e in sampled],
+        cfg.k,
+    )
+    for name in ("turns", "tool_calls", "tool_errors", "env_reward"):
+        metrics[name] = sum(getattr(e, name) for e in greedy) / len(greedy)
+    metrics["max_turns_rate"] = sum(e.hit_max_turns for e in greedy) / len(greedy)
+    rows = [
+        {"prompt": examples[e.prompt_index].prompt, "response": e.final_text, "formatted": bool(f), "correct": bool(ok)}
+        | {name: getattr(e, name) for name in EPISODE_FIELDS}
+        for e, (f, ok) in zip(greedy, greedy_scores.tolist(), strict=True)
     ]
     return metrics, rows
 
@@ -64,14 +113,21 @@ def evaluate_model(model: Path, params: Params, data: Path = DATA_DIR) -> tuple[
     examples = read_examples(test_file)
     new_tokens = ("eval.max_new_tokens", params.eval.max_new_tokens)
     engine = policy_engine(params, model, {test_file: examples}, new_tokens)
-    return evaluate(engine, examples, params.eval)
+    module = task_module(params.task.name)
+    if not is_agent_task(module):
+        return evaluate(engine, examples, params.eval)
+    if hasattr(module, "TOOLS"):
+        check_tool_tags(engine.tokenizer)
+    return evaluate_episodes(engine, examples, params, params.agent.max_total_tokens or context_length(model))
 
 
 def run(stage: StageRun) -> None:
     metrics, rows = evaluate_model(stage.inputs["model"], stage.params, stage.inputs["data"])
     with atomic_output(stage_dir(stage.name)) as out, stage_live(stage.name) as live:
         out.mkdir()
-        with open(out / "greedy.jsonl", "w") as handle:
+        # an agent task's greedy responses are episodes: every turn, tool call, observation and reward
+        name = "episodes.jsonl" if is_agent_task(task_module(stage.params.task.name)) else "greedy.jsonl"
+        with open(out / name, "w") as handle:
             for row in rows:
                 handle.write(json.dumps(row) + "\n")
         for name, value in metrics.items():

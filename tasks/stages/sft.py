@@ -1,6 +1,7 @@
 """Stages `sft`, `sft_cold`, `sft_rs@<round>` and `sft_distill`: supervised fine-tuning on worked solutions, loss
-on response tokens only. ``sft`` trains on the training split (RLHF's first stage), ``sft_cold`` on its first few
-examples (R1's cold start), ``sft_rs@<round>`` on a round's rejection-sampled data (R1's second SFT),
+on response tokens only (an agent task's worked trace: the model's turns, tool calls included, are trained; what the
+tools or the world answered is context). ``sft`` trains on the training split (RLHF's first stage), ``sft_cold`` on
+its first few examples (R1's cold start), ``sft_rs@<round>`` on a round's rejection-sampled data (R1's second SFT),
 ``sft_distill`` on the teacher's verified responses (sequence-level distillation); each starts from the model its
 section's ``init`` names.
 
@@ -21,10 +22,10 @@ from tasks.common.distributed import Rank, data_parallel, run_data_parallel
 from tasks.common.registry import StageRun
 from tasks.common.training import Checkpointer, epoch_batch, fit, make_deterministic, rank_live, save_trained
 from tasks.data.datasets import DatasetError, read_examples
-from tasks.data.problems import Example
-from tasks.data.prompts import PromptFormat
+from tasks.data.problems import Example, trace_turns
+from tasks.data.prompts import PromptFormat, finished_response_ids
 from tasks.rl.core_algos import sft_loss
-from tasks.rl.sequences import finished_response_ids
+from tasks.rollout.episodes import ObservationFormat
 
 
 class SFTBatches:
@@ -41,21 +42,26 @@ class SFTBatches:
         seed: int,
         section: str,
     ):
-        self.sequences: list[tuple[list[int], int]] = []  # (token ids, prompt length)
+        self.sequences: list[tuple[list[int], list[int]]] = []  # (token ids, loss mask: 1 on the model's turns)
         prompts = prompt_format.encode(tokenizer, [example.prompt for example in examples])
+        observations = ObservationFormat(tokenizer, prompt_format.uses_template(tokenizer), [tokenizer.eos_token_id])
         for row, (example, prompt) in enumerate(zip(examples, prompts, strict=True), start=1):
-            response = finished_response_ids(tokenizer, example.solution)
+            ids, mask = list(prompt), [0] * len(prompt)
+            for role, text in trace_turns(example):
+                # the model's turns are trained, ended as it ends them; what the tools or the world said is context
+                turn = finished_response_ids(tokenizer, text) if role == "assistant" else observations.encode(text)
+                ids, mask = ids + turn, mask + [int(role == "assistant")] * len(turn)
             too_long = [
                 f"{what} is {length} tokens, over {section}.{limit}={getattr(cfg, limit)}"
                 for what, length, limit in [
                     ("prompt", len(prompt), "max_prompt_length"),
-                    ("prompt + solution", len(prompt) + len(response), "max_length"),
+                    ("prompt + solution", len(ids), "max_length"),
                 ]
                 if length > getattr(cfg, limit)
             ]
             if too_long:
                 raise DatasetError(f"{source}:{row}: {too_long[0]}")
-            self.sequences.append((prompt + response, len(prompt)))
+            self.sequences.append((ids, mask))
         if len(self.sequences) < cfg.batch_size:
             raise DatasetError(
                 f"{source}: {len(self.sequences)} examples, fewer than {section}.batch_size={cfg.batch_size}"
@@ -78,10 +84,10 @@ class SFTBatches:
         input_ids = torch.full((len(chosen), width), self.pad_id, dtype=torch.long)
         loss_mask = torch.zeros((len(chosen), width))
         attention_mask = torch.zeros((len(chosen), width), dtype=torch.long)
-        for row, (ids, prompt_length) in enumerate(chosen):
+        for row, (ids, mask) in enumerate(chosen):
             input_ids[row, : len(ids)] = torch.tensor(ids)
             attention_mask[row, : len(ids)] = 1
-            loss_mask[row, prompt_length : len(ids)] = 1.0
+            loss_mask[row, : len(ids)] = torch.tensor(mask, dtype=loss_mask.dtype)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
 
 

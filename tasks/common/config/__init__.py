@@ -32,6 +32,7 @@ from tasks.common.config.rl import (
 )
 from tasks.common.config.sections import (
     SEED_MAX,
+    AgentConfig,
     ArithmeticConfig,
     BaseConfig,
     BestOfNConfig,
@@ -64,6 +65,7 @@ __all__ = [
     "GATE_METRICS",
     "LEARNERS",
     "SEED_MAX",
+    "AgentConfig",
     "ArithmeticConfig",
     "BaseConfig",
     "BestOfNConfig",

@@ -216,6 +216,31 @@ class EvalConfig(SamplingConfig):
 
 
 @schema_section
+class AgentConfig:
+    """Multi-turn episodes of a task with tools or an environment (``tasks/data/environments.py``)."""
+
+    max_turns: int = param(
+        4, "Model turns an episode may take (each tool call is one); 1 gives single completions.", ge=1, le=64
+    )
+    max_total_tokens: int | None = param(
+        None,
+        "Tokens an episode may hold in all (prompt, turns, observations); null: the model's context length. An "
+        "episode that runs out ends, counted in truncated_rate.",
+        ge=1,
+    )
+    tool_timeout_seconds: float = param(
+        10.0, "Time a tool call or environment step may take in its sandbox process; over it is a tool error.", gt=0
+    )
+    tool_output_chars: int = param(
+        10_000,
+        "Longest observation a tool or environment may return, in characters; a longer one is a tool error.",
+        ge=1,
+        le=1_000_000,
+        why="an observation that long overflows any model's context",
+    )
+
+
+@schema_section
 class StageResources:
     num_cpus: float = param(1.0, "CPUs Ray reserves for the stage.", ge=0)
     num_gpus: float = param(0.0, "GPUs Ray reserves for the stage (train on them with device: cuda).", ge=0)
@@ -375,6 +400,7 @@ class SupervisedSections:
     base: BaseConfig = section(BaseConfig, "The base model: built-in tiny model or a model path.")
     sft: SFTConfig = section(SFTConfig, "Supervised fine-tuning on worked solutions.")
     eval: EvalConfig = section(EvalConfig, "Held-out evaluation.")
+    agent: AgentConfig = section(AgentConfig, "Multi-turn episodes: tool calls and interactive environments.")
     preferences: PreferencesConfig = section(PreferencesConfig, "Preference pairs sampled from a policy, judged.")
     reward_backbone: RewardBackboneConfig = section(
         RewardBackboneConfig,

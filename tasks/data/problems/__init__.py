@@ -34,7 +34,7 @@ from types import ModuleType
 import numpy
 
 from tasks.data.problems import arithmetic, countdown
-from tasks.data.problems.example import Example, parse_response
+from tasks.data.problems.example import Example, parse_response, trace_turns
 
 # Imported here, not by name: dvc.yaml's code deps are read from the imports, and a verifier is every stage's code.
 BUILT_IN: dict[str, ModuleType] = {"arithmetic": arithmetic, "countdown": countdown}
@@ -49,6 +49,7 @@ __all__ = [
     "parse_response",
     "score_response",
     "task_module",
+    "trace_turns",
 ]
 # How much of a response, a prompt or a returned value an error quotes: enough to find the example.
 _QUOTED_CHARS = 60

@@ -27,6 +27,30 @@ class Example:
         return asdict(self)
 
 
+TRACE_ROLES = ("assistant", "tool", "user")  # the model's turns, and what a tool or the world answered
+
+
+def trace_turns(example: Example) -> list[tuple[str, str]]:
+    """The worked response as (role, text) turns after the prompt: an agent task's trace (``meta["turns"]``: the
+    model's turns, tool calls included, and the tool's or the world's replies, ending on the model's final turn,
+    which is ``solution``), or the one-turn case, ``solution`` alone. ValueError saying what is wrong with a trace."""
+    turns = example.meta.get("turns")
+    if turns is None:
+        return [("assistant", example.solution)]
+    if not isinstance(turns, list) or not turns:
+        raise ValueError("meta 'turns' must be a non-empty list of {'role', 'content'} turns")
+    pairs = []
+    for index, turn in enumerate(turns):
+        if not (isinstance(turn, dict) and turn.get("role") in TRACE_ROLES and isinstance(turn.get("content"), str)):
+            raise ValueError(
+                f"meta 'turns'[{index}] must be {{'role': one of {', '.join(TRACE_ROLES)}, 'content': text}}"
+            )
+        pairs.append((turn["role"], turn["content"]))
+    if pairs[-1] != ("assistant", example.solution):
+        raise ValueError("meta 'turns' must end on the model's final turn, the row's 'solution'")
+    return pairs
+
+
 class ParsedResponse(NamedTuple):
     think: str
     answer: str

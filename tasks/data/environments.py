@@ -1,0 +1,315 @@
+"""Tasks a model solves over several turns: tools it calls, and interactive environments with hidden state.
+
+A task module (docs/tasks.md) may define, besides ``score``:
+
+- ``TOOLS: list[Tool]``: functions the model may call. Without an ``environment`` such a task gets the tool
+  environment: each model turn is read for one call in the Hermes/Qwen format
+  ``<tool_call>{"name": "...", "arguments": {...}}</tool_call>``; a call runs the tool and its result (a str as is,
+  anything else as JSON) is the next observation; a turn without a call is the final answer. A malformed call (bad
+  JSON, an unknown tool, arguments other than the declared ones) is answered with an error observation and counted,
+  never raised.
+- ``environment(example) -> Environment``: a world of its own, given each whole model turn (``step``), answering
+  with an observation, a reward and whether the episode is over. It should be deterministic given its example and
+  the actions it received: a run is then reproducible, and a world lost with its process is rebuilt by replaying.
+
+Tools and environments run in a sandbox process (``tasks/common/sandbox.py``, as the reward functions do), under
+``agent.tool_timeout_seconds`` per call and ``agent.tool_output_chars`` per observation: a call that hangs, raises,
+kills its process or answers too much becomes an error observation and a counted tool error; the run goes on.
+"""
+
+import importlib
+import json
+import math
+import numbers
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Protocol
+
+from tasks.common.sandbox import Handler, Sandbox, SandboxDied
+from tasks.data.problems import Example, TaskError
+
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+_TOOL_CALL = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the model may call: ``parameters`` is the JSON schema of its arguments object (the names under
+    ``properties``, those it cannot do without under ``required``); ``function(**arguments)`` returns a str or
+    anything JSON-serialisable."""
+
+    name: str
+    description: str
+    parameters: dict
+    function: Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Step:
+    """What an environment answers a model turn with: the observation the model reads next (None: nothing to say),
+    the reward of the turn, and whether the episode is over."""
+
+    observation: str | None
+    reward: float = 0.0
+    done: bool = False
+
+
+class Environment(Protocol):
+    def reset(self, example: Example) -> str | None:
+        """Start an episode of ``example``; the opening observation (joined to the prompt), or None."""
+        ...
+
+    def step(self, action: str) -> Step:
+        """The answer to the model's whole turn ``action``."""
+        ...
+
+
+def is_agent_task(module: ModuleType) -> bool:
+    """Whether ``module`` is a multi-turn task: it declares tools or an environment."""
+    return hasattr(module, "TOOLS") or hasattr(module, "environment")
+
+
+def agent_task_errors(module: ModuleType, name: str) -> Iterator[str]:
+    """What keeps the task module ``module`` (``task.name`` = ``name``) from serving episodes, one error a problem,
+    each naming the function or the tool."""
+    where = f"task.name: the task module {name!r}"
+    if hasattr(module, "environment") and not callable(module.environment):
+        yield f"{where}: environment is not a function environment(example) -> Environment (docs/tasks.md)"
+    if not hasattr(module, "TOOLS"):
+        return
+    tools = module.TOOLS
+    if not isinstance(tools, list | tuple) or not all(isinstance(tool, Tool) for tool in tools):
+        yield f"{where}: TOOLS must be a list of tasks.data.environments.Tool, got {tools!r:.80}"
+        return
+    seen = set()
+    for tool in tools:
+        if tool.name in seen:
+            yield f"{where}: two tools in TOOLS are named {tool.name!r}; a call names the tool it means"
+        seen.add(tool.name)
+        if not callable(tool.function):
+            yield f"{where}: the tool {tool.name!r}'s function is not callable"
+        try:
+            json.dumps(tool.parameters)
+        except (TypeError, ValueError) as error:
+            yield f"{where}: the tool {tool.name!r}'s parameters are not JSON-serialisable ({error})"
+            continue
+        if not isinstance(tool.parameters, dict):
+            yield f"{where}: the tool {tool.name!r}'s parameters must be a JSON schema object, got {tool.parameters!r}"
+
+
+def check_tool_tags(tokenizer: Any) -> None:
+    """TaskError unless the tool-call tags survive encoding then decoding with ``tokenizer``: otherwise the model
+    could never write a call that parses."""
+    text = f'{TOOL_CALL_OPEN}{{"name": "f", "arguments": {{}}}}{TOOL_CALL_CLOSE}'
+    decoded = tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"], skip_special_tokens=True)
+    if TOOL_CALL_OPEN not in decoded or TOOL_CALL_CLOSE not in decoded:
+        raise TaskError(
+            f"the model's tokenizer cannot write the tool-call tags {TOOL_CALL_OPEN}...{TOOL_CALL_CLOSE}: {text!r} "
+            f"decodes as {decoded!r}"
+        )
+
+
+def parse_tool_call(text: str, tools: dict[str, dict]) -> tuple[str, dict] | str | None:
+    """The (tool name, arguments) ``text`` calls, an error message for a malformed call, or None without a call;
+    ``tools``: each tool's declared parameters by name."""
+    match = _TOOL_CALL.search(text)
+    if match is None:
+        return None
+    try:
+        call = json.loads(match.group(1))
+    except json.JSONDecodeError as error:
+        return f"the tool call is not valid JSON ({error})"
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return 'a tool call is {"name": "<tool>", "arguments": {...}}'
+    name, arguments = call["name"], call.get("arguments", {})
+    if name not in tools:
+        return f"there is no tool {name!r} (the tools: {', '.join(tools)})"
+    if not isinstance(arguments, dict):
+        return f"the arguments of {name!r} must be an object, got {arguments!r:.80}"
+    declared = tools[name].get("properties", {})
+    unknown = [key for key in arguments if key not in declared]
+    missing = [key for key in tools[name].get("required", []) if key not in arguments]
+    if unknown or missing:
+        return f"{name!r} takes {', '.join(declared) or 'no arguments'}: " + "; ".join(
+            [*(f"unknown argument {key!r}" for key in unknown), *(f"missing argument {key!r}" for key in missing)]
+        )
+    return name, arguments
+
+
+def _capped(text: str, output_chars: int, what: str) -> tuple[str, str]:
+    if len(text) > output_chars:
+        return "error", f"{what} gave {len(text)} characters, over agent.tool_output_chars={output_chars}"
+    return "ok", text
+
+
+def _observation(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _checked_step(step: Any) -> Step:
+    """``step`` if it is a Step of a str-or-None observation, a finite number and a bool; else ValueError."""
+    if not isinstance(step, Step):
+        raise ValueError(f"step() returned {step!r:.80}, not a Step")
+    if step.observation is not None and not isinstance(step.observation, str):
+        raise ValueError(f"step() returned the observation {step.observation!r:.80}, not a str or None")
+    if not isinstance(step.reward, numbers.Real) or not math.isfinite(step.reward):
+        raise ValueError(f"step() returned the reward {step.reward!r}, not a finite number")
+    if not isinstance(step.done, bool):
+        raise ValueError(f"step() returned done={step.done!r}, not a bool")
+    return step
+
+
+def _environment_handler(module_name: str, output_chars: int) -> Handler:
+    """The sandbox's handler: ("tool", name, arguments), ("reset", key, example), ("step", key, action) and
+    ("close", key), each answered ("ok", value) or ("error", message)."""
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())  # a task module of your own, next to params.yaml
+    module = importlib.import_module(module_name)
+    tools = {tool.name: tool.function for tool in getattr(module, "TOOLS", [])}
+    worlds: dict[int, Any] = {}
+
+    def answer(request: tuple) -> tuple:
+        kind, key, argument = request
+        if kind == "close":
+            worlds.pop(key, None)
+            return "ok", None
+        try:
+            if kind == "tool":
+                return _capped(_observation(tools[key](**argument)), output_chars, f"the tool {key!r}")
+            if kind == "reset":
+                worlds[key] = module.environment(argument)
+                opening = worlds[key].reset(argument)
+                if opening is not None and not isinstance(opening, str):
+                    raise ValueError(f"reset() returned {opening!r:.80}, not a str or None")
+                return ("ok", None) if opening is None else _capped(opening, output_chars, "reset()")
+            step = _checked_step(worlds[key].step(argument))
+            if step.observation is None:
+                return "ok", step
+            status, text = _capped(step.observation, output_chars, "step()")
+            return (status, Step(text, step.reward, step.done)) if status == "ok" else (status, text)
+        except Exception as error:  # the user's code failing is the episode's tool error, not the run's
+            return "error", f"{type(error).__name__}: {error}"
+
+    return answer
+
+
+class EnvironmentHost:
+    """The sandbox every episode's tools and environment run in, and the environments of a batch of episodes.
+
+    A call that overruns ``timeout`` or kills the process fails alone: the next call starts a fresh process, where
+    the worlds still in play are rebuilt by replaying their actions (environments are deterministic)."""
+
+    def __init__(self, module: ModuleType, timeout: float, output_chars: int):
+        self.module, self.timeout, self.output_chars = module, timeout, output_chars
+        self.tools = {tool.name: tool.parameters for tool in getattr(module, "TOOLS", [])}
+        self._sandbox: Sandbox | None = None
+        self._worlds: dict[int, WorldEnvironment] = {}
+
+    def environment(self, key: int) -> "HostedEnvironment":
+        """A fresh environment of the task for the episode ``key``."""
+        if callable(getattr(self.module, "environment", None)):
+            self._worlds[key] = WorldEnvironment(self, key)
+            return self._worlds[key]
+        return ToolEnvironment(self)
+
+    def call(self, kind: str, key: Any, argument: Any) -> tuple[str, Any]:
+        """("ok", the answer) or ("error", why) of one request to the sandbox."""
+        while self._sandbox is None:
+            self._sandbox = Sandbox(_environment_handler, (self.module.__name__, self.output_chars))
+            for world in list(self._worlds.values()):
+                if all(self._answer(request)[0] == "ok" for request in world.history()):
+                    continue
+                world.lost = True
+                del self._worlds[world.key]
+                if self._sandbox is None:  # the replay killed it: start again with the worlds left
+                    break
+        return self._answer((kind, key, argument))
+
+    def _answer(self, request: tuple) -> tuple[str, Any]:
+        try:
+            answered, result = self._sandbox.call(request, self.timeout)
+        except SandboxDied:
+            self._sandbox = None
+            return "error", "its process died"
+        if not answered:
+            self._sandbox = None
+            return "error", f"over agent.tool_timeout_seconds={self.timeout:g}"
+        return result
+
+    def release(self, key: int) -> None:
+        if self._worlds.pop(key, None) is not None and self._sandbox is not None:
+            self.call("close", key, None)
+
+    def close(self) -> None:
+        if self._sandbox is not None:
+            self._sandbox.kill()
+            self._sandbox = None
+
+    def __enter__(self) -> "EnvironmentHost":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class HostedEnvironment:
+    """An ``Environment`` run through the host, counting the tool calls it saw and those that failed."""
+
+    def __init__(self, host: EnvironmentHost):
+        self.host, self.tool_calls, self.tool_errors = host, 0, 0
+
+
+class ToolEnvironment(HostedEnvironment):
+    """The environment of a task with tools and no world: each turn's tool call is run, a turn without one ends."""
+
+    def reset(self, example: Example) -> str | None:
+        return None
+
+    def step(self, action: str) -> Step:
+        call = parse_tool_call(action, self.host.tools) if self.host.tools else None
+        if call is None:
+            return Step(None, done=True)
+        self.tool_calls += 1
+        if isinstance(call, str):
+            self.tool_errors += 1
+            return Step(f"error: {call}")
+        status, text = self.host.call("tool", *call)
+        if status == "error":
+            self.tool_errors += 1
+            return Step(f"error: the tool {call[0]!r} failed: {text}")
+        return Step(text)
+
+
+class WorldEnvironment(HostedEnvironment):
+    """The task's own ``environment(example)``, living in the sandbox; a turn that fails there ends its episode
+    (the world's state is unknown after it), counted as a tool error."""
+
+    def __init__(self, host: EnvironmentHost, key: int):
+        super().__init__(host)
+        self.key, self.example, self.actions, self.lost = key, None, [], False
+
+    def reset(self, example: Example) -> str | None:
+        self.example = example
+        status, opening = self.host.call("reset", self.key, example)
+        if status == "error":
+            raise TaskError(f"{self.host.module.__name__}.environment().reset() failed: {opening}")
+        return opening
+
+    def step(self, action: str) -> Step:
+        self.tool_calls += _TOOL_CALL.search(action) is not None
+        lost = ("error", "lost with a sandbox that died")
+        status, step = lost if self.lost else self.host.call("step", self.key, action)
+        if status == "error":
+            self.tool_errors += 1
+            self.host.release(self.key)
+            return Step(f"error: {self.host.module.__name__}.environment().step() failed: {step}", done=True)
+        self.actions.append(action)
+        return step
+
+    def history(self) -> list[tuple]:
+        """The requests that rebuild this world in a fresh sandbox: its reset, then the actions it was given."""
+        return [("reset", self.key, self.example), *(("step", self.key, action) for action in self.actions)]

@@ -1,0 +1,227 @@
+"""Multi-turn episodes, token-exact: the model's turns, tool calls and observations as one sequence of ids.
+
+Nothing the model sampled is decoded and encoded again between turns: its ids are appended as they came (a BPE
+tokenizer need not give them back from their text: a merge across the turn's end, or sampled ids that are not the
+canonical encoding of their text, would change what the trainer scores). Only an observation's text is encoded,
+as the chat template's tool turn followed by the next assistant turn's header, or, for a model without a template,
+as ``"\\n<tool_response>" + text + "</tool_response>\\n"``. A single-turn task is the one-turn case: one round,
+the completion the engine gives.
+"""
+
+from dataclasses import dataclass, field, replace
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from tasks.data.environments import EnvironmentHost, HostedEnvironment
+from tasks.data.problems import Example, TaskError
+from tasks.rollout.engine import Completion, RolloutEngine, Sampling
+
+# A conversation the observation's tool turn is rendered after, to take the template's text for the turn alone.
+_DUMMY = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Hi."},
+    {"role": "assistant", "content": "Hello."},
+]
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One episode of a prompt: the whole sequence (prompt, then each model turn and each observation) and what
+    happened in it. ``mask`` is 1 on the model's own sampled tokens (what a trainer learns from), 0 elsewhere;
+    ``logprobs`` the engine's log-prob of each model token, 0.0 elsewhere; both as long as ``token_ids``."""
+
+    prompt_index: int
+    token_ids: list[int]
+    mask: list[int]
+    logprobs: list[float]
+    turns: int
+    tool_calls: int
+    tool_errors: int
+    truncated: bool  # a model turn hit max_new_tokens, or the episode's token budget ran out
+    hit_max_turns: bool  # the environment wanted another turn after the last one allowed
+    env_reward: float  # the sum of the environment's rewards
+    final_text: str  # the last model turn, decoded: what ``score`` grades
+    messages: list[dict[str, Any]]  # every turn's role and content (an observation's reward too), for display
+
+
+# What an episode's row in eval's episodes.jsonl holds besides its prompt and graded final turn.
+EPISODE_FIELDS = ("turns", "tool_calls", "tool_errors", "truncated", "hit_max_turns", "env_reward", "messages")
+
+
+class ObservationFormat:
+    """How an observation's text becomes the ids that follow a model turn (its end-of-turn token included)."""
+
+    def __init__(self, tokenizer: Any, uses_template: bool, stop_ids: list[int]):
+        self.tokenizer, self.uses_template = tokenizer, uses_template
+        if uses_template:
+            base = tokenizer.apply_chat_template(_DUMMY, tokenize=False)
+            stops = [tokenizer.convert_ids_to_tokens(i) for i in stop_ids]
+            end = max((base.rfind(stop) + len(stop) for stop in stops if stop in base), default=None)
+            if end is None:
+                raise TaskError(f"the chat template ends an assistant turn with none of the stop tokens {stops}")
+            # The template's text after the assistant's end-of-turn token ("\n" in ChatML): the model stops at
+            # that token, so what the template puts between it and the next turn comes with the observation.
+            self.base, self.separator = base, base[end:]
+
+    @classmethod
+    def of(cls, engine: RolloutEngine) -> "ObservationFormat":
+        return cls(engine.tokenizer, engine.prompt_format.uses_template(engine.tokenizer), engine.stop_ids)
+
+    def encode(self, text: str) -> list[int]:
+        if not self.uses_template:
+            return self.tokenizer(f"\n<tool_response>{text}</tool_response>\n", add_special_tokens=False)["input_ids"]
+        tool = [*_DUMMY, {"role": "tool", "content": text}]
+        full = self.tokenizer.apply_chat_template(tool, add_generation_prompt=True, tokenize=False)
+        if not full.startswith(self.base):
+            raise TaskError("the model's chat template renders a conversation differently once a tool turn follows")
+        return self.tokenizer(self.separator + full[len(self.base) :], add_special_tokens=False)["input_ids"]
+
+
+@dataclass
+class _Running:
+    """An episode being played."""
+
+    prompt_index: int
+    environment: HostedEnvironment
+    token_ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    turns: int = 0
+    env_reward: float = 0.0
+    final_text: str = ""
+    done: bool = False
+    truncated: bool = False
+    hit_max_turns: bool = False
+
+    def extend(self, ids: list[int], logprobs: list[float] | None = None) -> None:
+        self.token_ids += ids
+        self.mask += [0 if logprobs is None else 1] * len(ids)
+        self.logprobs += [0.0] * len(ids) if logprobs is None else logprobs
+
+    def episode(self) -> Episode:
+        env = self.environment
+        return Episode(
+            self.prompt_index,
+            self.token_ids,
+            self.mask,
+            self.logprobs,
+            self.turns,
+            env.tool_calls,
+            env.tool_errors,
+            self.truncated,
+            self.hit_max_turns,
+            self.env_reward,
+            self.final_text,
+            self.messages,
+        )
+
+
+def run_episodes(
+    engine: RolloutEngine,
+    examples: list[Example],
+    task_module: ModuleType,
+    sampling: Sampling,
+    max_turns: int,
+    max_total_tokens: int,
+    tool_timeout_seconds: float = 10.0,
+    tool_output_chars: int = 10_000,
+) -> list[Episode]:
+    """``sampling.n`` episodes of each example, grouped by example as completions are, of at most ``max_turns``
+    model turns and ``max_total_tokens`` tokens in all (prompt included). Each round samples the next turn of every
+    episode still in play in one engine call (the first round: each prompt's n samples, as ``generate`` does)."""
+    observations = ObservationFormat.of(engine)
+    n = sampling.n
+    with EnvironmentHost(task_module, tool_timeout_seconds, tool_output_chars) as host:
+        runs = [_Running(i // n, host.environment(i)) for i in range(len(examples) * n)]
+        prompts = _opened_prompts(examples, [run.environment.reset(examples[run.prompt_index]) for run in runs], n)
+        prompt_ids = engine.prompt_format.encode(engine.tokenizer, prompts)
+        for run in runs:
+            run.extend(prompt_ids[run.prompt_index])
+            run.messages = engine.prompt_format.messages(prompts[run.prompt_index])
+        for turn in range(1, max_turns + 1):
+            for run in runs:
+                if not run.done and len(run.token_ids) >= max_total_tokens:
+                    run.done = run.truncated = True
+            live = [run for run in runs if not run.done]
+            if not live:
+                break
+            # One call for every episode: sampled to the largest budget left, each turn then cut to its own.
+            limit = min(sampling.max_new_tokens, max(max_total_tokens - len(run.token_ids) for run in live))
+            if turn == 1 and len(live) == len(runs):
+                completions = engine.generate_ids(prompt_ids, replace(sampling, max_new_tokens=limit))
+            else:
+                contexts = [run.token_ids for run in live]
+                completions = engine.generate_ids(contexts, replace(sampling, n=1, max_new_tokens=limit))
+            for run, completion in zip(live, completions, strict=True):
+                _play(run, completion, engine, observations, turn == max_turns, max_total_tokens)
+    return [run.episode() for run in runs]
+
+
+def _opened_prompts(examples: list[Example], openings: list[str | None], n: int) -> list[str]:
+    """Each example's prompt, its environment's opening observation joined to it; TaskError when the ``n``
+    environments of one example open differently (they share the prompt, so its n samples share its prefill)."""
+    prompts = []
+    for index, example in enumerate(examples):
+        opening = set(openings[index * n : (index + 1) * n])
+        if len(opening) > 1:
+            raise TaskError(
+                f"{example.task}.environment().reset() opened one example's episodes differently: {sorted(opening)}"
+            )
+        (text,) = opening
+        prompts.append(example.prompt if text is None else f"{example.prompt}\n\n{text}")
+    return prompts
+
+
+def _play(
+    run: _Running,
+    completion: Completion,
+    engine: RolloutEngine,
+    observations: ObservationFormat,
+    last_turn: bool,
+    max_total_tokens: int,
+) -> None:
+    """One model turn of ``run``: its sampled ids appended as they came, then the environment's answer."""
+    budget = max_total_tokens - len(run.token_ids)
+    ids, logprobs, text = completion.token_ids, completion.logprobs, completion.text
+    if len(ids) > budget:
+        ids, logprobs = ids[:budget], logprobs[:budget]
+        text = engine.tokenizer.decode(ids, skip_special_tokens=True)
+    run.extend(ids, logprobs)
+    run.turns += 1
+    run.final_text = text
+    run.messages.append({"role": "assistant", "content": text})
+    if completion.truncated or len(completion.token_ids) > budget:
+        run.done = run.truncated = True
+        return
+    step = run.environment.step(text)
+    run.env_reward += step.reward
+    if step.observation is not None:
+        run.messages.append({"role": "tool", "content": step.observation, "reward": step.reward})
+    if step.done:
+        run.done = True
+        return
+    if last_turn:
+        run.done = run.hit_max_turns = True
+        return
+    observed = observations.encode(step.observation or "")
+    if len(run.token_ids) + len(observed) >= max_total_tokens:  # no room left for the model's next turn
+        run.done = run.truncated = True
+        return
+    run.extend(observed)
+
+
+def episode_tensors(episodes: list[Episode], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input ids, attention mask, loss mask), each (B, T) right-padded: the loss mask is the episodes' ``mask``
+    (the targets a trainer learns from: the model's own tokens, never an observation's), as ``sft_loss`` takes it."""
+    width = max(len(e.token_ids) for e in episodes)
+    input_ids = torch.full((len(episodes), width), pad_id, dtype=torch.long)
+    attention_mask, loss_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
+    for row, episode in enumerate(episodes):
+        length = len(episode.token_ids)
+        input_ids[row, :length] = torch.tensor(episode.token_ids)
+        attention_mask[row, :length] = 1
+        loss_mask[row, :length] = torch.tensor(episode.mask)
+    return input_ids, attention_mask, loss_mask
