@@ -54,7 +54,7 @@ def pass_at_k(num_samples: int, num_correct: torch.Tensor, k: int) -> torch.Tens
 
 
 # --- RLHF: rewards, KL, advantages, losses. Response tensors are (B, T) over generated tokens,
-# right-padded; ``mask`` marks real tokens.
+# right-padded; ``mask`` marks the model's tokens (a multi-turn episode's observations are 0 in it, as padding is).
 
 
 # KL estimators by name (an RL stage's ``kl_loss`` param picks one, or none).
@@ -81,8 +81,10 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 
 
 def last_token_index(mask: torch.Tensor) -> torch.Tensor:
-    """Index of each row's last real token in a right-padded (B, T) mask."""
-    return (mask.sum(-1).long() - 1).clamp(min=0)
+    """Index of each row's last token that ``mask`` (B, T) marks (0 when it marks none): in an episode, its final
+    turn's, however many observation tokens its mask leaves out before."""
+    columns = torch.arange(mask.shape[-1], device=mask.device)
+    return torch.where(mask.bool(), columns, 0).amax(-1)
 
 
 def shaped_rewards(scores: torch.Tensor, mask: torch.Tensor, kl_penalty: torch.Tensor | None = None) -> torch.Tensor:
@@ -100,7 +102,9 @@ def gae(
     """Generalised advantage estimation (Schulman et al., 2016); returns (advantages, returns).
 
     δ_t = r_t + γ V_{t+1} − V_t with V = 0 past the last real token, A_t = Σ_l (γλ)^l δ_{t+l}.
-    The recursion runs over time (it is sequential) but every row at once.
+    The recursion runs over time (it is sequential) but every row at once. t + 1 is the next token the mask marks:
+    an episode's observation tokens are the environment's move, not steps of the policy, and their values never
+    enter the recursion.
     """
     advantages = torch.zeros_like(rewards)
     next_value = torch.zeros_like(rewards[:, 0])
@@ -108,8 +112,9 @@ def gae(
     for t in reversed(range(rewards.shape[1])):
         delta = rewards[:, t] + gamma * next_value - values[:, t]
         advantages[:, t] = (delta + gamma * lam * next_advantage) * mask[:, t]
-        next_value = values[:, t] * mask[:, t]
-        next_advantage = advantages[:, t]
+        model_token = mask[:, t].bool()
+        next_value = torch.where(model_token, values[:, t], next_value)
+        next_advantage = torch.where(model_token, advantages[:, t], next_advantage)
     return advantages, (advantages + values) * mask
 
 
@@ -260,11 +265,12 @@ def rloo_advantages(token_rewards, mask, group_size, **_) -> tuple[torch.Tensor,
 
 @ADVANTAGE_ESTIMATORS.register("reinforce_pp")
 def reinforce_pp_advantages(token_rewards, mask, group_size, gamma=1.0, **_) -> tuple[torch.Tensor, None]:
-    """REINFORCE++ (Hu, 2025): each token's discounted return-to-go, whitened over the whole batch's tokens."""
+    """REINFORCE++ (Hu, 2025): each token's discounted return-to-go, whitened over the whole batch's tokens; the
+    discount counts the model's tokens only (an episode's observations are not its steps)."""
     returns = torch.zeros_like(token_rewards)
     running = torch.zeros_like(token_rewards[:, 0])
     for t in reversed(range(token_rewards.shape[1])):
-        running = token_rewards[:, t] * mask[:, t] + gamma * running
+        running = torch.where(mask[:, t].bool(), token_rewards[:, t] * mask[:, t] + gamma * running, running)
         returns[:, t] = running
     return whiten(returns * mask, mask), None
 

@@ -66,10 +66,12 @@ class Rollout:
 
     def packed(self, tokenizer, rows: list[int] | None = None) -> PackedBatch:
         """The responses of ``rows`` (all by default) packed after their prompts: exactly the token ids the engine
-        read and sampled (with a BPE tokenizer, decoding and re-encoding them need not give them back)."""
+        read and sampled (with a BPE tokenizer, decoding and re-encoding them need not give them back); an episode's
+        response mask covers its model turns only, never an observation."""
         rows = range(len(self.completions)) if rows is None else rows
         chosen = [self.completions[row] for row in rows]
-        return pack([c.prompt_ids for c in chosen], [c.token_ids for c in chosen], tokenizer.pad_token_id)
+        prompts, responses = [c.prompt_ids for c in chosen], [c.token_ids for c in chosen]
+        return pack(prompts, responses, tokenizer.pad_token_id, [c.mask for c in chosen])
 
     def tokens(self) -> int:
         """Real tokens of every row: its prompt's and its response's (what a training pass over it computes)."""

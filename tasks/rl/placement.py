@@ -6,7 +6,8 @@ data-parallel Ray workers (``RoleGroup``: every rank runs every call, each on it
 averaged over the ranks). The trainer calls all of them the same way, ``role.call(method, *args)``, which returns
 at once (a Ray actor's method is addressed by name); ``.result()`` waits, so calls on different roles run
 concurrently. The rollout role samples through the engine in the actor's process or through the replicas apart
-from it (``tasks/rollout/engine_group.py``), with plain calls either way.
+from it (``tasks/rollout/engine_group.py``), with plain calls either way: ``generate(prompts)``, or, for a task
+with tools or an environment (its ``episodes``), ``play(examples)``, which plays their episodes where the engine is.
 """
 
 import contextlib
@@ -18,6 +19,8 @@ import ray
 
 from tasks.common.config import ConfigError, Params, RLConfig, StageResources
 from tasks.common.distributed import RoleGroup
+from tasks.data.environments import is_agent_task
+from tasks.data.problems import Example, task_module
 from tasks.rl.workers import ActorWorker, CriticWorker, FrozenWorker, RewardWorker, engine_in_actor
 from tasks.rollout.engine_group import EngineGroup, EngineWorker
 
@@ -70,11 +73,14 @@ class ActorEngine:
 
     apart = False
 
-    def __init__(self, actor: Worker | RoleGroup):
-        self.actor = actor
+    def __init__(self, actor: Worker | RoleGroup, episodes: bool = False):
+        self.actor, self.episodes = actor, episodes
 
     def generate(self, prompts: list[str]) -> Pending:
         return self.actor.call("generate", prompts)
+
+    def play(self, examples: list[Example]) -> Pending:
+        return self.actor.call("play", examples)
 
     def close(self) -> None:
         """Nothing of its own to stop: the actor is released as itself."""
@@ -124,6 +130,7 @@ def place(
             return RoleGroup(role, args, cfg.parallel, f"{section}.parallel")
         return Worker(role, args, None if cfg.colocate else cfg.roles.get(name, StageResources()))
 
+    episodes = is_agent_task(task_module(params.task.name))
     started: Roles = {}
     try:
         adapter_reference = bool(cfg.lora.rank)
@@ -133,11 +140,12 @@ def place(
         if adapter_reference and "reference" in wanted:
             started["reference"] = AdapterReference(started["actor"])
         if engine_in_actor(cfg):
-            started["rollout"] = ActorEngine(started["actor"])
+            started["rollout"] = ActorEngine(started["actor"], episodes)
         else:
             resources = cfg.roles.get("rollout", StageResources())
             check_engines_fit(cfg.rollout_engines, resources, section)
-            engines = started["rollout"] = EngineGroup([])  # in place before they start: a failure releases them
+            # in place before they start: a failure releases them
+            engines = started["rollout"] = EngineGroup([], episodes)
             for replica in range(cfg.rollout_engines):
                 engines.replicas.append(Worker(EngineWorker, (params, cfg, policy_dir, replica), resources))
     except BaseException:

@@ -9,14 +9,17 @@ A reward function scores a batch of responses, one float each::
 
 ``batch.examples[i]`` is the problem response ``i`` answers (task, prompt, reference answer,
 meta), ``batch.num_tokens[i]`` its length in tokens, ``batch.truncated[i]`` whether it was cut
-off at ``batch.max_new_tokens`` without ending. Name a function in an RL stage's ``rewards``
-by its import path, ``my_module:my_reward`` (a module in the project directory or an installed
-package), next to the built-ins:
+off at ``batch.max_new_tokens`` without ending. Of a task with tools or an environment, response
+``i`` is an episode's final model turn (what ``score`` grades), ``num_tokens[i]`` the tokens of
+all its model turns and ``batch.env_rewards[i]`` the sum of its environment's rewards. Name a
+function in an RL stage's ``rewards`` by its import path, ``my_module:my_reward`` (a module in
+the project directory or an installed package), next to the built-ins:
 
 - ``accuracy``: 1 if the task's verifier accepts the answer, else 0;
 - ``format``: 1 if the response is ``<think>…</think><answer>…</answer>``, else 0;
 - ``length``: 1 − tokens / max_new_tokens, a push towards shorter reasoning;
-- ``overlong``: DAPO's soft overlong punishment, 0 down to −1 over the last ``overlong_buffer`` tokens.
+- ``overlong``: DAPO's soft overlong punishment, 0 down to −1 over the last ``overlong_buffer`` tokens;
+- ``environment``: an episode's environment reward (0 for a single-turn response).
 
 Functions run in a separate process with a time budget per batch: a function that raises on a
 batch is retried response by response, and a response whose scoring raises or returns something
@@ -55,6 +58,7 @@ class RewardInputs:
     truncated: list[bool]
     max_new_tokens: int
     overlong_buffer: int = 0
+    env_rewards: list[float] | None = None  # each episode's environment reward; None: single-turn responses
 
     def __len__(self) -> int:
         return len(self.responses)
@@ -67,6 +71,7 @@ class RewardInputs:
             [self.truncated[index]],
             self.max_new_tokens,
             self.overlong_buffer,
+            None if self.env_rewards is None else [self.env_rewards[index]],
         )
 
 
@@ -94,6 +99,11 @@ def overlong(batch: RewardInputs) -> list[float]:
     return overlong_penalty(
         torch.tensor(batch.num_tokens), torch.tensor(batch.truncated), batch.max_new_tokens, batch.overlong_buffer
     ).tolist()
+
+
+@BUILT_IN.register("environment")
+def environment(batch: RewardInputs) -> list[float]:
+    return [0.0] * len(batch) if batch.env_rewards is None else list(batch.env_rewards)
 
 
 def resolve(name: str) -> RewardFunction:

@@ -22,7 +22,7 @@ class PackedBatch:
     input_ids: torch.Tensor  # (B, P + T)
     attention_mask: torch.Tensor  # (B, P + T)
     position_ids: torch.Tensor  # (B, P + T)
-    response_mask: torch.Tensor  # (B, T) float, 1.0 on real response tokens
+    response_mask: torch.Tensor  # (B, T) float, 1.0 on the model's own response tokens (not padding, observations)
     prompt_width: int  # P
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
@@ -86,7 +86,8 @@ def shared_prompt_logits(model: PreTrainedModel, batch: PackedBatch) -> torch.Te
         use_cache=True,
         logits_to_keep=1,
     ).logits
-    lengths = batch.response_mask.sum(-1).long().clamp(min=1)
+    # each row's whole response, observations included (the response mask leaves an episode's out)
+    lengths = batch.attention_mask[:, width:].sum(-1).clamp(min=1)
     order = torch.argsort(lengths, stable=True)
     parts = []
     for bucket in order.tensor_split(RESPONSE_BUCKETS):
@@ -117,18 +118,23 @@ def response_logprobs(
     return token_logprobs(logits, batch.response_ids), logits
 
 
-def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> PackedBatch:
+def pack(
+    prompts: list[list[int]], responses: list[list[int]], pad_id: int, masks: list[list[int] | None] | None = None
+) -> PackedBatch:
+    """``responses`` right-padded after their left-padded ``prompts``; each row's response mask is its ``masks``
+    entry (an episode's: 0 on observations) where it has one, else 1 on every response token."""
+    masks = masks or [None] * len(responses)
     prompt_width = max(len(p) for p in prompts)
     response_width = max(1, max(len(r) for r in responses))
     rows = len(prompts)
     input_ids = torch.full((rows, prompt_width + response_width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros_like(input_ids)
     response_mask = torch.zeros((rows, response_width))
-    for row, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+    for row, (prompt, response, mask) in enumerate(zip(prompts, responses, masks, strict=True)):
         start = prompt_width - len(prompt)
         input_ids[row, start : prompt_width + len(response)] = torch.tensor(prompt + response)
         attention_mask[row, start : prompt_width + len(response)] = 1
-        response_mask[row, : len(response)] = 1.0
+        response_mask[row, : len(response)] = 1.0 if mask is None else torch.tensor(mask, dtype=response_mask.dtype)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     return PackedBatch(input_ids, attention_mask, position_ids, response_mask, prompt_width)
 

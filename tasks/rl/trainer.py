@@ -2,7 +2,9 @@
 
 One iteration, top to bottom:
 
-1. roll out: the actor samples ``group_size`` responses for each of ``rollout_batch_size`` prompts;
+1. roll out: the actor samples ``group_size`` responses for each of ``rollout_batch_size`` prompts (of a task with
+   tools or an environment, plays ``group_size`` episodes of each, ``params.agent``'s limits: a response is then
+   the episode's every model turn and observation, trained on the model's tokens only, graded on its final turn);
 2. score: every reward function (rule-based verifiers, your own, the reward model) scores every
    response and their weighted sum is the response's score (normalised and clipped if asked).
    With dynamic sampling, groups whose scores are all equal teach nothing and are dropped, and
@@ -55,8 +57,9 @@ from tasks.common.training import (
     stop_on_divergence,
 )
 from tasks.data.datasets import check_prompt_lengths, read_examples
+from tasks.data.environments import check_tool_tags
 from tasks.data.judge import gold_utility
-from tasks.data.problems import Example, score_response
+from tasks.data.problems import Example, score_response, task_module
 from tasks.data.prompts import PromptFormat
 from tasks.kinds import stage_kinds
 from tasks.rl.core_algos import adaptive_kl_coef, informative_groups
@@ -65,7 +68,7 @@ from tasks.rl.learner import Learner, LoopState, Rollout, RunningMoments
 from tasks.rl.placement import Roles, placed
 from tasks.rl.policy_gradient import POLICY_GRADIENT
 from tasks.rl.rewards import REWARD_MODEL, RewardInputs, RewardScorer
-from tasks.rollout.engine import Sampling, truncated_rate
+from tasks.rollout.engine import Completion, Sampling, truncated_rate
 
 # Rewards beyond this are a bug in a reward function, not a signal: normalising them would overflow.
 REWARD_LIMIT = 1e6
@@ -76,9 +79,11 @@ HELDOUT = "heldout/gold_reward"  # the policy's gold reward on a fixed held-out 
 def score(
     roles: Roles, scorer: RewardScorer, examples: list[Example], cfg: RLConfig, clock: dict[str, float]
 ) -> Rollout:
-    """Roll out ``group_size`` responses per example and score them with every reward function."""
+    """Roll out ``group_size`` responses (or episodes) per example and score them with every reward function."""
     started = time.perf_counter()
-    completions = roles["rollout"].generate([e.prompt for e in examples]).result()
+    engines = roles["rollout"]
+    sampled = engines.play(examples) if engines.episodes else engines.generate([e.prompt for e in examples])
+    completions = sampled.result()
     generated = time.perf_counter()
     per_response = [examples[c.prompt_index] for c in completions]
     texts = [c.text for c in completions]
@@ -88,10 +93,11 @@ def score(
     inputs = RewardInputs(
         per_response,
         texts,
-        [len(c.token_ids) for c in completions],
+        [c.model_tokens for c in completions],
         [c.truncated for c in completions],
         cfg.max_new_tokens,
         cfg.overlong_buffer,
+        [c.episode.env_reward for c in completions] if engines.episodes else None,
     )
     total, components, failures = scorer.score(inputs)
     if pending is not None:
@@ -161,6 +167,20 @@ def rollout_metrics(rollout: Rollout) -> dict[str, float]:
         "gold_reward": sum(gold) / len(gold),
         "accuracy": sum(correct) / len(correct),
         "truncated_rate": truncated_rate(rollout.completions),
+        **episode_metrics(rollout.completions),
+    }
+
+
+def episode_metrics(completions: list[Completion]) -> dict[str, float]:
+    """The means over a rollout's episodes of their turns, tool calls and tool errors, and the share that used up
+    ``agent.max_turns``; none for single-turn completions."""
+    episodes = [c.episode for c in completions if c.episode is not None]
+    if not episodes:
+        return {}
+    count = len(episodes)
+    return {
+        **{name: sum(getattr(e, name) for e in episodes) / count for name in ("turns", "tool_calls", "tool_errors")},
+        "max_turns_rate": sum(e.hit_max_turns for e in episodes) / count,
     }
 
 
@@ -245,6 +265,8 @@ def train(
     )
     if len(examples) < cfg.rollout_batch_size:
         raise ValueError(f"{stage}: {len(examples)} training prompts, fewer than rollout_batch_size")
+    if hasattr(task_module(params.task.name), "TOOLS"):
+        check_tool_tags(tokenizer)
     wanted = learner.roles(cfg)
     if "reward" in wanted and not reward_dirs:
         raise ValueError(

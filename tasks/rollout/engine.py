@@ -26,14 +26,35 @@ class Sampling:
 
 
 @dataclass(frozen=True)
+class EpisodeStats:
+    """What happened in a multi-turn episode (``tasks/rollout/episodes.py``), as the RL trainer logs it."""
+
+    turns: int
+    tool_calls: int
+    tool_errors: int
+    hit_max_turns: bool
+    env_reward: float  # the sum of the environment's rewards
+
+
+@dataclass(frozen=True)
 class Completion:
+    """A sampled response, or a multi-turn episode as one: its opening prompt, then every model turn and
+    observation after it (``mask`` telling the model's tokens from the observations'), graded on its final turn."""
+
     prompt_index: int
     prompt_ids: list[int]  # the prompt as the engine read it (through the chat template, when there is one)
     token_ids: list[int]  # the generated tokens, up to and including the stop token (end-of-sequence or of turn)
-    text: str  # decoded without special tokens
-    logprobs: list[float]  # the engine's log-prob of each generated token (temperature applied)
-    truncated: bool = False  # stopped at max_new_tokens without a stop token
+    text: str  # decoded without special tokens; an episode's final model turn
+    logprobs: list[float]  # the engine's log-prob of each generated token (temperature applied); 0.0 on observations
+    truncated: bool = False  # stopped at max_new_tokens without a stop token (an episode: or at its token budget)
     engine: int = 0  # the rollout engine replica that sampled it
+    mask: list[int] | None = None  # 1 on the model's own tokens of token_ids, 0 on observations; None: all the model's
+    episode: EpisodeStats | None = None  # None: a single completion
+
+    @property
+    def model_tokens(self) -> int:
+        """The tokens the model sampled: an episode's turns without its observations."""
+        return len(self.token_ids) if self.mask is None else sum(self.mask)
 
 
 def truncated_rate(completions: list[Completion]) -> float:

@@ -1,6 +1,7 @@
 """The RL stages' rollout engines: one built for a policy (HF or vLLM, by ``rollout_backend``), and the replicas
 that run apart from the actor (``rollout_engines`` > 1, or a data-parallel actor), each a copy of the policy on its
-own Ray actor that samples its share of a batch's prompts and takes the actor's weights when a sync is due."""
+own Ray actor that samples its share of a batch's prompts (or, for a task with tools or an environment, plays its
+share of the examples' episodes, ``EpisodeRollout``) and takes the actor's weights when a sync is due."""
 
 import dataclasses
 from pathlib import Path
@@ -10,12 +11,14 @@ import ray
 import torch
 from transformers import PreTrainedModel
 
-from models import load_policy, load_tokenizer, resolve_device
+from models import context_length, load_policy, load_tokenizer, resolve_device
 from models.trainable import compute_dtype
-from tasks.common.config import Params, RLConfig
+from tasks.common.config import AgentConfig, Params, RLConfig
 from tasks.common.training import make_deterministic, rng_state, set_rng_state
+from tasks.data.problems import Example, task_module
 from tasks.data.prompts import PromptFormat
 from tasks.rollout.engine import Completion, RolloutEngine, Sampling
+from tasks.rollout.episodes import run_episodes
 from tasks.rollout.hf_engine import HFEngine
 
 # Seeds of the engine replicas, apart from the actor's (params.seed) and the critic's (params.seed + 1)
@@ -25,6 +28,30 @@ ENGINE_SEED_OFFSET = 1000
 def rollout_sampling(cfg: RLConfig) -> Sampling:
     """How a rollout samples: ``group_size`` responses per prompt at the stage's temperature."""
     return Sampling(cfg.max_new_tokens, n=cfg.group_size, temperature=cfg.temperature)
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeRollout:
+    """How an RL stage plays the episodes of a task with tools or an environment: ``group_size`` episodes of each
+    example, each model turn sampled as a single-turn rollout samples its response (``max_new_tokens``, the
+    temperature), within ``params.agent``'s limits."""
+
+    task: str
+    sampling: Sampling
+    agent: AgentConfig
+    max_total_tokens: int
+
+    @classmethod
+    def of(cls, params: Params, cfg: RLConfig, model_dir: Path) -> "EpisodeRollout":
+        max_total_tokens = params.agent.max_total_tokens or context_length(model_dir)
+        return cls(params.task.name, rollout_sampling(cfg), params.agent, max_total_tokens)
+
+    def play(self, engine: RolloutEngine, examples: list[Example]) -> list[Completion]:
+        """The episodes as completions, grouped by example (``Episode.completion``)."""
+        agent = self.agent
+        limits = (agent.max_turns, self.max_total_tokens, agent.tool_timeout_seconds, agent.tool_output_chars)
+        episodes = run_episodes(engine, examples, task_module(self.task), self.sampling, *limits)
+        return [episode.completion() for episode in episodes]
 
 
 def make_engine(
@@ -53,9 +80,13 @@ class EngineWorker:
         self.model = load_policy(model_dir, device, dtype).requires_grad_(False)
         self.model.eval()
         self.engine = make_engine(params, cfg, self.model, load_tokenizer(model_dir), model_dir, seed)
+        self.episodes = EpisodeRollout.of(params, cfg, model_dir)
 
     def generate(self, prompts: list[str]) -> list[Completion]:
         return self.engine.generate(prompts, rollout_sampling(self.cfg))
+
+    def play(self, examples: list[Example]) -> list[Completion]:
+        return self.episodes.play(self.engine, examples)
 
     def load_weights(self, weights: dict[str, torch.Tensor] | None) -> None:
         """Sample from ``weights`` from now on (None: no sync was due; keep sampling as before)."""
@@ -113,20 +144,28 @@ class _Each:
 
 class EngineGroup:
     """The rollout engine replicas apart from the actor: replica i samples the i-th contiguous share of a batch's
-    prompts; after an actor update that makes a sync due, every replica loads the actor's weights, handed over
-    through Ray's object store (put once, read by each). Each method returns at once; ``result()`` waits."""
+    prompts (or plays the i-th share of its examples' episodes, when ``episodes``); after an actor update that makes
+    a sync due, every replica loads the actor's weights, handed over through Ray's object store (put once, read by
+    each). Each method returns at once; ``result()`` waits."""
 
     apart = True  # from the actor: they take its weights after its updates
 
-    def __init__(self, replicas: list[Replica]):
-        self.replicas = replicas
+    def __init__(self, replicas: list[Replica], episodes: bool = False):
+        self.replicas, self.episodes = replicas, episodes
 
     def generate(self, prompts: list[str]) -> Result:
-        sizes = [len(share) for share in torch.arange(len(prompts)).tensor_split(len(self.replicas))]
+        return self._shared("generate", prompts)
+
+    def play(self, examples: list[Example]) -> Result:
+        return self._shared("play", examples)
+
+    def _shared(self, method: str, items: list[Any]) -> Result:
+        """``method`` on each replica's contiguous share of ``items``, its results put back in their order."""
+        sizes = [len(share) for share in torch.arange(len(items)).tensor_split(len(self.replicas))]
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
         return _Generation(
             [
-                (start, replica.call("generate", prompts[start : start + size]))
+                (start, replica.call(method, items[start : start + size]))
                 for replica, start, size in zip(self.replicas, starts, sizes, strict=True)
             ]
         )

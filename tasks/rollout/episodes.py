@@ -16,7 +16,7 @@ import torch
 
 from tasks.data.environments import EnvironmentHost, HostedEnvironment
 from tasks.data.problems import Example, TaskError
-from tasks.rollout.engine import Completion, RolloutEngine, Sampling
+from tasks.rollout.engine import Completion, EpisodeStats, RolloutEngine, Sampling
 
 # A conversation the observation's tool turn is rendered after, to take the template's text for the turn alone.
 _DUMMY = [
@@ -33,6 +33,7 @@ class Episode:
     ``logprobs`` the engine's log-prob of each model token, 0.0 elsewhere; both as long as ``token_ids``."""
 
     prompt_index: int
+    prompt_length: int  # the opening prompt's ids, the first of ``token_ids``
     token_ids: list[int]
     mask: list[int]
     logprobs: list[float]
@@ -44,6 +45,21 @@ class Episode:
     env_reward: float  # the sum of the environment's rewards
     final_text: str  # the last model turn, decoded: what ``score`` grades
     messages: list[dict[str, Any]]  # every turn's role and content (an observation's reward too), for display
+
+    def completion(self) -> Completion:
+        """The episode as a rollout's completion: its opening prompt, then every turn and observation after it."""
+        start = self.prompt_length
+        stats = EpisodeStats(self.turns, self.tool_calls, self.tool_errors, self.hit_max_turns, self.env_reward)
+        return Completion(
+            self.prompt_index,
+            self.token_ids[:start],
+            self.token_ids[start:],
+            self.final_text,
+            self.logprobs[start:],
+            self.truncated,
+            mask=self.mask[start:],
+            episode=stats,
+        )
 
 
 # What an episode's row in eval's episodes.jsonl holds besides its prompt and graded final turn.
@@ -85,6 +101,7 @@ class _Running:
 
     prompt_index: int
     environment: HostedEnvironment
+    prompt_length: int = 0
     token_ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -105,6 +122,7 @@ class _Running:
         env = self.environment
         return Episode(
             self.prompt_index,
+            self.prompt_length,
             self.token_ids,
             self.mask,
             self.logprobs,
@@ -140,6 +158,7 @@ def run_episodes(
         prompt_ids = engine.prompt_format.encode(engine.tokenizer, prompts)
         for run in runs:
             run.extend(prompt_ids[run.prompt_index])
+            run.prompt_length = len(run.token_ids)
             run.messages = engine.prompt_format.messages(prompts[run.prompt_index])
         for turn in range(1, max_turns + 1):
             for run in runs:
