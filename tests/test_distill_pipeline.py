@@ -68,7 +68,7 @@ def test_dvc_lock_names_the_teacher_behind_every_distillation_stage(distill):
 def test_gkd_with_teacher_batches_runs_as_a_stage_and_leaves_the_teacher_alone(distill):
     path = distill["path"]
     assert "grpo" not in dvc(path, "status", "grpo")  # the pipeline's distillation left the teacher as grpo wrote it
-    before = _digest(path / "artifacts/grpo/model.safetensors")
+    before, params = _digest(path / "artifacts/grpo/model.safetensors"), (path / "params.yaml").read_bytes()
     result = subprocess.run(
         ["alignflow", "stage", "distill", "distill.distill_loss=gkd", "distill.lmbda=0.5", "distill.jsd_beta=0.3"],
         cwd=path,
@@ -76,6 +76,7 @@ def test_gkd_with_teacher_batches_runs_as_a_stage_and_leaves_the_teacher_alone(d
         capture_output=True,
         text=True,
     )
+    (path / "params.yaml").write_bytes(params)  # the overrides stuck: the tests after this one run the default loss
     assert result.returncode == 0, result.stderr
     assert _digest(path / "artifacts/grpo/model.safetensors") == before
     offline = (path / "metrics/distill/plots/metrics/train/offline_batch.tsv").read_text().splitlines()
