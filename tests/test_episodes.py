@@ -392,3 +392,25 @@ class _Lossy:
 
     def decode(self, ids, skip_special_tokens=False):
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens).replace("<", "?")
+
+
+def test_rejection_sampling_keeps_an_accepted_episodes_turns_as_the_next_sfts_trace(tasks, monkeypatch):
+    import tasks.stages.rejection_sampling as rejection
+    from tasks.common.config import RejectionSamplingConfig
+    from tasks.data.problems import trace_turns
+
+    example = replace(EXAMPLES[0], task="toolbox_task")
+    # two episodes of the one prompt: a tool call then the right answer, and a wrong answer at once
+    scripted = Scripted(build_char_tokenizer(), [(call("add", '{"a": 12, "b": 34}'), "45"), "46"])
+    monkeypatch.setattr(rejection, "policy_engine", lambda *args: scripted)
+    cfg = RejectionSamplingConfig(samples_per_prompt=2, max_new_tokens=64)
+    params = replace(Params(), agent=replace(Params().agent, max_total_tokens=4096))
+    kept, statistics = rejection.sample_and_verify(params, cfg, "rejection", None, [example], "rows.jsonl")
+    assert statistics["acceptance_rate"] == 0.5
+    (row,) = kept
+    assert row.solution == "46"
+    assert trace_turns(row) == [
+        ("assistant", call("add", '{"a": 12, "b": 34}')),
+        ("tool", '{"sum": 46}'),
+        ("assistant", "46"),
+    ]

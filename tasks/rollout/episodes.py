@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from tasks.data.environments import EnvironmentHost, HostedEnvironment
+from tasks.common.config import AgentConfig
+from tasks.data.environments import EnvironmentHost, HostedEnvironment, check_tool_tags
 from tasks.data.problems import Example, TaskError
 from tasks.rollout.engine import Completion, EpisodeStats, RolloutEngine, Sampling
 
@@ -244,3 +245,25 @@ def episode_tensors(episodes: list[Episode], pad_id: int) -> tuple[torch.Tensor,
         attention_mask[row, :length] = 1
         loss_mask[row, :length] = torch.tensor(episode.mask)
     return input_ids, attention_mask, loss_mask
+
+
+def play(
+    engine: RolloutEngine,
+    examples: list[Example],
+    task_module: ModuleType,
+    sampling: Sampling,
+    agent: AgentConfig,
+    max_total_tokens: int,
+) -> list[Episode]:
+    """``run_episodes`` within ``agent``'s limits (params.agent), once the engine's tokenizer is known to write the
+    tool-call tags a tool task's model calls with."""
+    if hasattr(task_module, "TOOLS"):
+        check_tool_tags(engine.tokenizer)
+    limits = (agent.max_turns, max_total_tokens, agent.tool_timeout_seconds, agent.tool_output_chars)
+    return run_episodes(engine, examples, task_module, sampling, *limits)
+
+
+def trace(episode: Episode, engine: RolloutEngine, prompt: str) -> list[dict[str, str]]:
+    """The episode's turns after its prompt as a worked trace (``meta["turns"]``: what SFT trains on)."""
+    opening = len(engine.prompt_format.messages(prompt))
+    return [{"role": m["role"], "content": m["content"]} for m in episode.messages[opening:]]

@@ -17,12 +17,12 @@ from tasks.common.registry import StageRun
 from tasks.common.tracking import stage_live
 from tasks.common.training import make_deterministic
 from tasks.data.datasets import read_examples
-from tasks.data.environments import check_tool_tags, is_agent_task
+from tasks.data.environments import is_agent_task
 from tasks.data.judge import gold_utility
 from tasks.data.problems import Example, score_response, task_module
 from tasks.rl.core_algos import pass_at_k
 from tasks.rollout.engine import Completion, RolloutEngine, Sampling
-from tasks.rollout.episodes import EPISODE_FIELDS, Episode, run_episodes
+from tasks.rollout.episodes import EPISODE_FIELDS, play
 from tasks.rollout.hf_engine import policy_engine
 
 
@@ -82,12 +82,9 @@ def evaluate_episodes(
     cfg, agent = params.eval, params.agent
     module = task_module(params.task.name)
 
-    def play(sampling: Sampling) -> list[Episode]:
-        limits = (agent.max_turns, max_total_tokens, agent.tool_timeout_seconds, agent.tool_output_chars)
-        return run_episodes(engine, examples, module, sampling, *limits)
-
-    greedy = play(Sampling(cfg.max_new_tokens, greedy=True))
-    sampled = play(Sampling(cfg.max_new_tokens, n=cfg.k, temperature=cfg.temperature))
+    greedy = play(engine, examples, module, Sampling(cfg.max_new_tokens, greedy=True), agent, max_total_tokens)
+    sampling = Sampling(cfg.max_new_tokens, n=cfg.k, temperature=cfg.temperature)
+    sampled = play(engine, examples, module, sampling, agent, max_total_tokens)
     metrics, greedy_scores = graded(
         examples,
         [(e.prompt_index, e.final_text, sum(e.mask), e.truncated) for e in greedy],
@@ -116,8 +113,6 @@ def evaluate_model(model: Path, params: Params, data: Path = DATA_DIR) -> tuple[
     module = task_module(params.task.name)
     if not is_agent_task(module):
         return evaluate(engine, examples, params.eval)
-    if hasattr(module, "TOOLS"):
-        check_tool_tags(engine.tokenizer)
     return evaluate_episodes(engine, examples, params, params.agent.max_total_tokens or context_length(model))
 
 

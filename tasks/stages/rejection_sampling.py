@@ -1,7 +1,9 @@
 """Rejection sampling: N responses per prompt from a policy, kept when the task's verifier accepts them.
 
 R1's ``rejection@<round>`` (the data of its second SFT) and distillation's ``teacher_data``
-(DeepSeek-R1-Distill's data: the teacher's verified responses) both run it. The kept responses are
+(DeepSeek-R1-Distill's data: the teacher's verified responses) both run it. For a task with tools or an
+environment a response is an episode, graded on its final turn; an accepted one keeps its turns as the row's
+worked trace (``meta["turns"]``), which the next SFT trains on. The kept responses are
 distinct, at most ``max_per_prompt`` a prompt, in sampling order; the statistics are the acceptance rate
 overall and by difficulty (for arithmetic, by operation).
 """
@@ -10,9 +12,12 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
+from models import context_length
 from tasks.common.config import Params, RejectionSamplingConfig
-from tasks.data.problems import Example, difficulty_label, has_verifier, score_response
-from tasks.rollout.engine import Sampling
+from tasks.data.environments import is_agent_task
+from tasks.data.problems import Example, difficulty_label, has_verifier, score_response, task_module
+from tasks.rollout.engine import RolloutEngine, Sampling
+from tasks.rollout.episodes import play, trace
 from tasks.rollout.hf_engine import policy_engine
 
 # Scores of (example, its distinct responses), higher is better: how a task without a verifier picks.
@@ -34,6 +39,19 @@ def accepted(
     return [distinct[i] for i in sorted(best)]
 
 
+def _sampled(
+    params: Params, engine: RolloutEngine, policy: Path, prompts: list[Example], sampling: Sampling
+) -> list[tuple[str, list[dict[str, str]] | None]]:
+    """Each sampled response, grouped by prompt: its text (an episode's final turn, for a task with tools or an
+    environment) and, for an episode, the turns that led to it."""
+    module = task_module(prompts[0].task)
+    if not is_agent_task(module):
+        return [(c.text, None) for c in engine.generate([e.prompt for e in prompts], sampling)]
+    max_total_tokens = params.agent.max_total_tokens or context_length(policy)
+    episodes = play(engine, prompts, module, sampling, params.agent, max_total_tokens)
+    return [(e.final_text, trace(e, engine, prompts[e.prompt_index].prompt)) for e in episodes]
+
+
 def sample_and_verify(
     params: Params,
     cfg: RejectionSamplingConfig,
@@ -50,18 +68,23 @@ def sample_and_verify(
     new_tokens = (f"{section}.max_new_tokens", cfg.max_new_tokens)
     engine = policy_engine(params, policy, {source: prompts}, new_tokens)
     sampling = Sampling(cfg.max_new_tokens, n=cfg.samples_per_prompt, temperature=cfg.temperature)
-    completions = engine.generate([e.prompt for e in prompts], sampling)
+    responses = _sampled(params, engine, policy, prompts, sampling)
 
     kept: list[Example] = []
     sampled, verified = defaultdict(int), defaultdict(int)
     for index, example in enumerate(prompts):
-        group = [c.text for c in completions[index * cfg.samples_per_prompt : (index + 1) * cfg.samples_per_prompt]]
+        sampled_here = responses[index * cfg.samples_per_prompt : (index + 1) * cfg.samples_per_prompt]
+        group, traces = [text for text, _ in sampled_here], {}
+        for text, turns in sampled_here:
+            traces.setdefault(text, turns)  # the first episode that ended in this response
         if has_verifier(example):
             label = difficulty_label(example)
             sampled[label] += len(group)
             verified[label] += sum(score_response(example, text) == (True, True) for text in group)
         for response in accepted(example, group, cfg.max_per_prompt, rank, top_by_rank):
-            kept.append(Example(example.task, example.prompt, example.answer, response, example.meta))
+            # an accepted episode's turns become the next SFT's worked trace
+            meta = example.meta if traces[response] is None else {**example.meta, "turns": traces[response]}
+            kept.append(Example(example.task, example.prompt, example.answer, response, meta))
     statistics = {"accepted": float(len(kept))}
     if sampled:
         statistics["acceptance_rate"] = round(sum(verified.values()) / sum(sampled.values()), 6)
