@@ -18,7 +18,7 @@ from tasks.common.training import make_deterministic, rng_state, set_rng_state
 from tasks.data.problems import Example, task_module
 from tasks.data.prompts import PromptFormat
 from tasks.rollout.engine import Completion, RolloutEngine, Sampling
-from tasks.rollout.episodes import run_episodes
+from tasks.rollout.episodes import play
 from tasks.rollout.hf_engine import HFEngine
 
 # Seeds of the engine replicas, apart from the actor's (params.seed) and the critic's (params.seed + 1)
@@ -48,9 +48,7 @@ class EpisodeRollout:
 
     def play(self, engine: RolloutEngine, examples: list[Example]) -> list[Completion]:
         """The episodes as completions, grouped by example (``Episode.completion``)."""
-        agent = self.agent
-        limits = (agent.max_turns, self.max_total_tokens, agent.tool_timeout_seconds, agent.tool_output_chars)
-        episodes = run_episodes(engine, examples, task_module(self.task), self.sampling, *limits)
+        episodes = play(engine, examples, task_module(self.task), self.sampling, self.agent, self.max_total_tokens)
         return [episode.completion() for episode in episodes]
 
 
