@@ -14,6 +14,7 @@ runs triggered together never interleave writes to params.yaml, outputs or dvc.l
 """
 
 import functools
+import json
 import signal
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -41,7 +42,7 @@ from flows.runner import (
     read_dag,
     start_run,
 )
-from tasks.common.artifacts import CURVE_FILE, atomic_output, metrics_dir
+from tasks.common.artifacts import CURVE_FILE, EPISODES_FILE, atomic_output, metrics_dir, stage_dir
 from tasks.common.cluster import connect_ray, release_ray
 from tasks.common.config import Params, RunnerConfig
 from tasks.kinds import refresh_fingerprints
@@ -124,9 +125,13 @@ def run_stage(project: Path, stage: StageSpec, runner: RunnerConfig) -> dict[str
         produced = outputs(project, stage.name)
     metrics = stage_metrics(project, stage.name)
     curve = project / metrics_dir(stage.name) / CURVE_FILE
+    episodes = project / stage_dir(stage.name) / EPISODES_FILE
+    shown = [json.loads(line) for line in episodes.read_text().splitlines()[:_EPISODES]] if episodes.is_file() else []
     create_markdown_artifact(
         key=stage.name.replace("@", "-").replace("_", "-").lower(),
-        markdown=stage_summary(stage.name, ran, metrics, produced, curve.read_text() if curve.is_file() else None),
+        markdown=stage_summary(
+            stage.name, ran, metrics, produced, curve.read_text() if curve.is_file() else None, shown
+        ),
         description=f"{stage.name}: metrics and outputs",
     )
     return {"stage": stage.name, "ran": ran, "outputs": produced, "metrics": metrics}
@@ -134,12 +139,19 @@ def run_stage(project: Path, stage: StageSpec, runner: RunnerConfig) -> dict[str
 
 # Rows of a gold-vs-proxy curve a stage summary shows: an RL run's has one per iteration.
 _CURVE_ROWS = 20
+_EPISODES = 3  # an agent task's episodes a stage summary shows as conversations
 
 
 def stage_summary(
-    name: str, ran: bool, metrics: dict[str, Any], produced: dict[str, str], curve: str | None = None
+    name: str,
+    ran: bool,
+    metrics: dict[str, Any],
+    produced: dict[str, str],
+    curve: str | None = None,
+    episodes: list[dict[str, Any]] = (),
 ) -> str:
-    """The stage's metrics, its gold-vs-proxy curve (the TSV's text, when it writes one) and its outputs."""
+    """The stage's metrics, its gold-vs-proxy curve (the TSV's text, when it writes one), a few of its episodes as
+    conversations (an agent task's eval writes them) and its outputs."""
     lines = [f"# {name} ({'ran' if ran else 'up to date, skipped'})", ""]
     if metrics:
         lines += ["| metric | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in metrics.items()), ""]
@@ -150,8 +162,18 @@ def stage_summary(
         lines += ["Gold and proxy reward against sqrt(KL) (Gao et al., 2022):", ""]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(row) + " |" for row in shown] + [""]
+    for episode in episodes:
+        verdict = "correct" if episode["correct"] else "wrong"
+        lines += [f"Episode: {_cell(episode['prompt'])} ({verdict}, {episode['turns']} turns)", ""]
+        lines += ["| role | said |", "|---|---|"]
+        lines += [f"| {turn['role']} | {_cell(turn['content'])} |" for turn in episode["messages"]] + [""]
     lines += ["| output | DVC md5 |", "|---|---|", *(f"| `{path}` | `{md5}` |" for path, md5 in produced.items())]
     return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    """``text`` as one markdown table cell: code, its pipes escaped, its lines kept."""
+    return "`" + text.replace("`", "'").replace("|", "\\|").replace("\n", "` <br> `") + "`"
 
 
 def result_or_interrupt(future: PrefectFuture) -> Any:

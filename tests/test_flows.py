@@ -194,7 +194,7 @@ def test_waiting_for_a_stage_yields_to_ctrl_c_that_lands_on_another_thread():
     assert time.monotonic() - started < 3
 
 
-def test_astage_summary_shows_its_gold_vs_proxy_curve_thinned_to_its_end():
+def test_a_stage_summary_shows_its_gold_vs_proxy_curve_thinned_to_its_end():
     rows = "\n".join(f"{step}\t{step / 100:.2f}\t0.5\t0.1" for step in range(1, 46))
     summary = stage_summary("ppo", True, {"peak_gold_reward": 0.7}, {}, "step\tsqrt_kl\tgold\tproxy\n" + rows)
     assert "| step | sqrt_kl | gold | proxy |" in summary and "| peak_gold_reward | 0.7 |" in summary
@@ -202,3 +202,18 @@ def test_astage_summary_shows_its_gold_vs_proxy_curve_thinned_to_its_end():
     assert shown[0].startswith("| 1 |") and shown[-1].startswith("| 45 |")  # the first and the last iteration
     assert 15 <= len(shown) <= 21 and len(set(shown)) == len(shown)
     assert "Gold and proxy" in summary and "Gold and proxy" not in stage_summary("sft", True, {}, {})
+
+
+def test_a_stage_summary_shows_a_few_episodes_as_conversations():
+    turns = [
+        {"role": "user", "content": "What is 347*86?"},
+        {"role": "assistant", "content": '<tool_call>{"name": "calculate"}</tool_call>'},
+        {"role": "tool", "content": "29842 | a\nb", "reward": 0.0},
+        {"role": "assistant", "content": "<answer>29842</answer>"},
+    ]
+    episode = {"prompt": "What is 347*86?", "correct": True, "turns": 2, "messages": turns}
+    summary = stage_summary("eval@sft_cold", True, {"pass@1": 1.0}, {}, None, [episode])
+    assert "Episode: `What is 347*86?` (correct, 2 turns)" in summary
+    assert '| assistant | `<tool_call>{"name": "calculate"}</tool_call>` |' in summary
+    assert "| tool | `29842 \\| a` <br> `b` |" in summary  # one table row whatever the observation holds
+    assert "Episode" not in stage_summary("eval@sft", True, {}, {})

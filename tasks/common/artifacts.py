@@ -69,6 +69,7 @@ def metrics_dir(stage: str) -> Path:
 PERF_FILE, PERF_STEPS_FILE = "perf.json", "perf_steps.tsv"
 # Beside the metrics of a stage that optimises a reward model's score: gold and proxy reward against sqrt(KL).
 CURVE_FILE = "gold_vs_proxy.tsv"
+EPISODES_FILE = "episodes.jsonl"  # an agent task's episodes, every turn, beside an evaluation's outputs
 
 
 def member_dirs(root: Path = REWARD_MODEL_DIR) -> list[Path]:

@@ -63,7 +63,7 @@ class Episode:
         )
 
 
-# What an episode's row in eval's episodes.jsonl holds besides its prompt and graded final turn.
+# What an episode's row in eval's EPISODES_FILE holds besides its prompt and graded final turn.
 EPISODE_FIELDS = ("turns", "tool_calls", "tool_errors", "truncated", "hit_max_turns", "env_reward", "messages")
 
 

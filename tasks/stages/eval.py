@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from models import context_length, num_parameters
-from tasks.common.artifacts import DATA_DIR, atomic_output, stage_dir
+from tasks.common.artifacts import DATA_DIR, EPISODES_FILE, atomic_output, stage_dir
 from tasks.common.config import EvalConfig, Params
 from tasks.common.registry import StageRun
 from tasks.common.tracking import stage_live
@@ -121,7 +121,7 @@ def run(stage: StageRun) -> None:
     with atomic_output(stage_dir(stage.name)) as out, stage_live(stage.name) as live:
         out.mkdir()
         # an agent task's greedy responses are episodes: every turn, tool call, observation and reward
-        name = "episodes.jsonl" if is_agent_task(task_module(stage.params.task.name)) else "greedy.jsonl"
+        name = EPISODES_FILE if is_agent_task(task_module(stage.params.task.name)) else "greedy.jsonl"
         with open(out / name, "w") as handle:
             for row in rows:
                 handle.write(json.dumps(row) + "\n")
