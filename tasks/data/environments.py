@@ -1,6 +1,6 @@
 """Tasks a model solves over several turns: tools it calls, and interactive environments with hidden state.
 
-A task module (docs/tasks.md) may define, besides ``score``:
+A task module (docs/tasks.md, docs/agents.md) may define, besides ``score``:
 
 - ``TOOLS: list[Tool]``: functions the model may call. Without an ``environment`` such a task gets the tool
   environment: each model turn is read for one call in the Hermes/Qwen format
@@ -78,7 +78,7 @@ def agent_task_errors(module: ModuleType, name: str) -> Iterator[str]:
     each naming the function or the tool."""
     where = f"task.name: the task module {name!r}"
     if hasattr(module, "environment") and not callable(module.environment):
-        yield f"{where}: environment is not a function environment(example) -> Environment (docs/tasks.md)"
+        yield f"{where}: environment is not a function environment(example) -> Environment (docs/agents.md)"
     if not hasattr(module, "TOOLS"):
         return
     tools = module.TOOLS
