@@ -17,6 +17,7 @@ import pytest
 from filelock import FileLock
 from omegaconf import OmegaConf
 
+from flows.local_server import local_prefect_server
 from flows.pipelines import RUN_LOCK
 from tests.conftest import ENV, dvc
 from tests.serving import api, deployments, serving, wait_until
@@ -205,9 +206,7 @@ def test_a_cancelled_served_run_stops_its_stage_and_ends_cancelled(served, how):
     assert after.returncode == 0 and after.stderr.count("is up to date: skipped") == 5, after.stderr[-3000:]
 
 
-def test_stopping_the_serve_cancels_its_run_and_leaves_the_project_as_the_run_found_it(
-    uninterrupted, prefect_env, tmp_path
-):
+def test_stopping_the_serve_cancels_its_run_and_leaves_the_project_as_the_run_found_it(uninterrupted, tmp_path):
     """SIGTERM (as Ctrl-C) to `alignflow serve` while a run's stage has landed its outputs but not exited: the serve
     exits 0 and the run ends cancelled; params.yaml holds its bytes from before the run (neither the run's override
     nor DVC's rewrite of every null), the run lock is free, and dvc.lock tells the truth about base's outputs."""
@@ -215,7 +214,11 @@ def test_stopping_the_serve_cancels_its_run_and_leaves_the_project_as_the_run_fo
     before = (project / "params.yaml").read_bytes()
     assert b": null\n" in before
     _replace_command(project, "base", "alignflow stage base && sleep 600")
-    with serving(project, prefect_env, tmp_path / "serve.log") as serve:
+    # A Prefect server of its own: the module's other serve polls the shared one for the same deployments' runs.
+    with (
+        local_prefect_server(tmp_path / "prefect-home", ENV) as prefect_env,
+        serving(project, prefect_env, tmp_path / "serve.log") as serve,
+    ):
         client = subprocess.Popen(
             ["alignflow", "run", "sft", "base.num_layers=2"],
             cwd=project,
