@@ -9,7 +9,9 @@ from pathlib import Path
 
 import dvc.api
 
+from tasks.common.artifacts import stage_dir
 from tasks.common.config import Params, RetrainConfig
+from tasks.kinds import stage_kinds
 from tasks.stages.eval import evaluate_model
 
 
@@ -31,14 +33,17 @@ def decide(candidate: dict[str, float], champion: dict[str, float] | None, cfg: 
     return True, f"{versus} >= margin {cfg.margin}"
 
 
-def score(model: Path, params: Params) -> dict[str, float]:
-    metrics, _ = evaluate_model(model, params)
+def score(model: Path, params: Params, kind: str, project: Path) -> dict[str, float]:
+    """The held-out metrics of ``model``, trained by a stage of ``kind``, as its evaluation stage measures them: on
+    that stage's held-out split in ``project``, with its params section (eval, agent_eval)."""
+    evaluation = stage_kinds()[stage_kinds()[kind].evaluation]
+    metrics, _ = evaluate_model(model, params, project / stage_dir(evaluation.reads["data"]), evaluation.section)
     return metrics
 
 
-def score_at(project: Path, commit: str, path: Path, params: Params) -> dict[str, float]:
+def score_at(project: Path, commit: str, path: Path, params: Params, kind: str) -> dict[str, float]:
     """The gate's metrics of the model ``path`` as of ``commit``: its files from the local cache, or the remote."""
     with tempfile.TemporaryDirectory(prefix="champion-") as where:
         copy = Path(where) / path.name  # fsspec copies a directory's contents into a destination not yet there
         dvc.api.DVCFileSystem(str(project), rev=commit).get(str(path), str(copy), recursive=True)
-        return score(copy, params)
+        return score(copy, params, kind, project)

@@ -123,9 +123,9 @@ def _entry(kind: StageKind, name: str, foreach: list[str] | str | None, target: 
 
 
 def _stages() -> Iterator[list[str]]:
-    models, round_models = model_kinds()
     for kind in stage_kinds().values():
-        if kind.target == "model":  # a stage per model: one group for the models, one per kind trained per round
+        if kind.target == "model":  # a stage per model it evaluates: one group, and one per kind trained per round
+            models, round_models = model_kinds(kind.name)
             yield _entry(kind, kind.name, models, "${item}")
             for model in round_models:
                 yield _entry(kind, f"{kind.name}_{model}", "${rounds}", f"{model}/${{key}}")

@@ -126,7 +126,8 @@ def run_stage(project: Path, stage: StageSpec, runner: RunnerConfig) -> dict[str
     metrics = stage_metrics(project, stage.name)
     curve = project / metrics_dir(stage.name) / CURVE_FILE
     episodes = project / stage_dir(stage.name) / EPISODES_FILE
-    shown = [json.loads(line) for line in episodes.read_text().splitlines()[:_EPISODES]] if episodes.is_file() else []
+    # the last ones: an RL stage's come from its final iterations
+    shown = [json.loads(line) for line in episodes.read_text().splitlines()[-_EPISODES:]] if episodes.is_file() else []
     create_markdown_artifact(
         key=stage.name.replace("@", "-").replace("_", "-").lower(),
         markdown=stage_summary(
@@ -151,7 +152,7 @@ def stage_summary(
     episodes: list[dict[str, Any]] = (),
 ) -> str:
     """The stage's metrics, its gold-vs-proxy curve (the TSV's text, when it writes one), a few of its episodes as
-    conversations (an agent task's eval writes them) and its outputs."""
+    conversations (an agent task's eval and RL stages write them) and its outputs."""
     lines = [f"# {name} ({'ran' if ran else 'up to date, skipped'})", ""]
     if metrics:
         lines += ["| metric | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in metrics.items()), ""]

@@ -90,8 +90,9 @@ def retrain(pipeline: str, overrides: list[str], project: Path) -> Decision:
         run_pipeline(pipeline, overrides, project, push_after=False)
         params = load_params(project / "params.yaml")  # the overrides are in params.yaml now
         champion = prod_version(project, artifact)
-        candidate_metrics = score(project / model, params)
-        champion_metrics = None if champion is None else score_at(project, champion[1], model, params)
+        kind = PIPELINES[pipeline].delivers
+        candidate_metrics = score(project / model, params, kind, project)
+        champion_metrics = None if champion is None else score_at(project, champion[1], model, params, kind)
         promoted, why = decide(candidate_metrics, champion_metrics, params.retrain)
         known = set() if champion is None else set(shards_at(project, champion[1]))
         decision = Decision(

@@ -61,6 +61,11 @@ class StageKind:
         description="Wall-clock numbers it writes, neither an output so that the lock stays put: 'run', "
         "metrics/<stage>/perf.json (throughput, MFU); 'steps', also perf_steps.tsv (each step's phases, seconds).",
     )
+    evaluation: str = Field(
+        "eval",
+        description="The kind (one with target 'model') that evaluates the models it writes: eval on the default "
+        "task's held-out split, agent_eval on the agent pipeline's.",
+    )
     source: str | None = Field(
         None,
         description="The key of its section naming a model source (base's model_path), read by content: dvc.yaml "
@@ -100,7 +105,10 @@ def refresh_fingerprints(params: Any, project: Path) -> None:
             write_fingerprint(project / kind.fingerprint, None if spec is None else source_digest(spec))
 
 
-def model_kinds() -> tuple[list[str], list[str]]:
-    """The stage kinds that train a model: (one model each, one model per round)."""
+def model_kinds(evaluation: str | None = None) -> tuple[list[str], list[str]]:
+    """The stage kinds that train a model (those ``evaluation`` evaluates, when given): (one model each, one model
+    per round)."""
     models = [kind for kind in stage_kinds().values() if kind.writes == "model"]
+    if evaluation is not None:
+        models = [kind for kind in models if kind.evaluation == evaluation]
     return [kind.name for kind in models if kind.target is None], [kind.name for kind in models if kind.target]

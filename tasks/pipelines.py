@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from tasks.common.config import Params
 from tasks.common.registry import param_value
-from tasks.kinds import model_kinds
+from tasks.kinds import model_kinds, stage_kinds
 
 
 def round_kinds() -> set[str]:
@@ -16,10 +16,11 @@ _PARAM = re.compile(r"\$\{([\w.]+)\}")
 
 
 def evaluation_of(model: str) -> str:
-    """The dvc.yaml stage that evaluates ``model``: ``eval@sft``, or for a round's model (``sft_rs/1``)
-    ``eval_sft_rs@1``, the stage its round's foreach group names."""
+    """The dvc.yaml stage that evaluates ``model``: ``eval@sft``, ``agent_eval@agent_sft``, or for a round's model
+    (``sft_rs/1``) ``eval_sft_rs@1``, the stage its round's foreach group names."""
     kind, _, round_name = model.partition("/")
-    return f"eval_{kind}@{round_name}" if round_name else f"eval@{kind}"
+    evaluation = stage_kinds()[kind].evaluation if kind in stage_kinds() else "eval"
+    return f"{evaluation}_{kind}@{round_name}" if round_name else f"{evaluation}@{kind}"
 
 
 @dataclass(frozen=True)
@@ -93,5 +94,13 @@ PIPELINES: dict[str, Pipeline] = {
         ("eval@${distill.teacher}", "eval@student_base", "eval@sft_distill", "eval@distill"),
         "distill",
         "the distill pipeline's student, distilled on-policy from the teacher",
+    ),
+    "agent": Pipeline(
+        "Agents: agent data (agent_data.task, a task with tools or an environment, with worked multi-turn traces) -> "
+        "agent_base -> SFT on the traces (agent_sft) -> GRPO on episodes in the environment (agent_grpo), with "
+        "held-out evaluation as an agent (agent_eval: pass@1 with tools, turns, tool calls, every episode written).",
+        ("agent_eval@agent_sft", "agent_eval@agent_grpo"),
+        "agent_grpo",
+        "the agent pipeline's policy, trained by GRPO on episodes in its task's environment",
     ),
 }

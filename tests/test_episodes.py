@@ -215,9 +215,9 @@ def test_a_world_that_hangs_ends_its_episode_and_the_others_keep_their_state(tas
 
 def test_eval_of_a_tool_task_grades_episodes_on_their_final_turn(tasks):
     params = Params()
-    params = replace(params, task=replace(params.task, name="toolbox_task"), eval=replace(params.eval, k=2))
     scripted = Scripted(build_char_tokenizer(), [call("add", '{"a": 1, "b": 2}'), "46", call("boom"), "7"])
-    metrics, rows = evaluate_episodes(scripted, [replace(EXAMPLES[0], task="toolbox_task")], params, 4096)
+    example = replace(EXAMPLES[0], task="toolbox_task")
+    metrics, rows = evaluate_episodes(scripted, [example], replace(params.eval, k=2), params.agent, 4096)
     assert metrics["pass@1"] == 1.0 and metrics["sample_accuracy"] == 0.0  # greedy: 46, sampled: 7 twice
     assert (metrics["turns"], metrics["tool_calls"], metrics["tool_errors"], metrics["max_turns_rate"]) == (2, 1, 0, 0)
     (row,) = rows

@@ -127,28 +127,31 @@ def tool_call(name: str, arguments: dict) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
+def worked_example(task: str, expression: str) -> Example:
+    """The question "What is ``expression``?" of ``task`` with its worked trace: the call, the result, the answer."""
+    value = calculate(expression)
+    solution = f"<think>{expression}={value}</think><answer>{value}</answer>"
+    turns = [
+        {"role": "assistant", "content": tool_call("calculate", {"expression": expression})},
+        {"role": "tool", "content": value},
+        {"role": "assistant", "content": solution},
+    ]
+    return Example(task, f"What is {expression}?", value, solution, {"turns": turns})
+
+
 def generate(rng: random.Random, cfg: object) -> Example:
     """One product of a 3-digit and a 2-digit number with its worked trace; ``cfg`` is unused (a task module of your
     own has no ``task.<name>`` section of settings)."""
-    a, b = rng.randint(100, 999), rng.randint(10, 99)
-    expression = f"{a}*{b}"
-    product = calculate(expression)
-    solution = f"<think>{expression}={product}</think><answer>{product}</answer>"
-    turns = [
-        {"role": "assistant", "content": tool_call("calculate", {"expression": expression})},
-        {"role": "tool", "content": product},
-        {"role": "assistant", "content": solution},
-    ]
-    return Example(__name__, f"What is {expression}?", product, solution, {"turns": turns})
+    return worked_example(__name__, f"{rng.randint(100, 999)}*{rng.randint(10, 99)}")
 
 
 def score(example: Example, response: str) -> tuple[bool, bool]:
-    """(the final turn is ``<think>...</think><answer>N</answer>``, N is the product); a final turn that is still a
+    """(the final turn is ``<think>...</think><answer>N</answer>``, N is the answer); a final turn that is still a
     tool call is not an answer."""
-    return tagged_score(example, response, _is_product)
+    return tagged_score(example, response, _is_answer)
 
 
-def _is_product(example: Example, answer: str) -> bool:
+def _is_answer(example: Example, answer: str) -> bool:
     return _INTEGER.fullmatch(answer) is not None and int(answer) == int(example.answer)
 
 

@@ -110,12 +110,13 @@ def stage_run(name: str, params: Params) -> StageRun:
     if kind.target == "round" and target not in params.rounds:
         raise ConfigError(f"stage {name!r}: no round {target!r} in rounds ({', '.join(params.rounds)})")
     if kind.target == "model":
-        models, round_models = model_kinds()
+        models, round_models = model_kinds(kind.name)
         model, _, round_name = target.replace("@", "/").partition("/")
         if not ((model in models and not round_name) or (model in round_models and round_name in params.rounds)):
+            rounds = f", or {'|'.join(round_models)}/ROUND with ROUND in rounds: {', '.join(params.rounds)}"
             raise ConfigError(
-                f"stage {name!r}: no stage trains a model named {target!r} (models: {', '.join(models)}, or "
-                f"{'|'.join(round_models)}/ROUND with ROUND in rounds: {', '.join(params.rounds)})"
+                f"stage {name!r}: no model named {target!r} that {kind.name} evaluates (models: {', '.join(models)}"
+                f"{rounds if round_models else ''})"
             )
     return StageRun(name, kind, params, StageInputs(read_artifacts(kind, params, target)), target)
 

@@ -73,10 +73,10 @@ def is_agent_task(module: ModuleType) -> bool:
     return hasattr(module, "TOOLS") or hasattr(module, "environment")
 
 
-def agent_task_errors(module: ModuleType, name: str) -> Iterator[str]:
-    """What keeps the task module ``module`` (``task.name`` = ``name``) from serving episodes, one error a problem,
-    each naming the function or the tool."""
-    where = f"task.name: the task module {name!r}"
+def agent_task_errors(module: ModuleType, name: str, key: str = "task.name") -> Iterator[str]:
+    """What keeps the task module ``module`` (the params ``key`` = ``name``) from serving episodes, one error a
+    problem, each naming the function or the tool."""
+    where = f"{key}: the task module {name!r}"
     if hasattr(module, "environment") and not callable(module.environment):
         yield f"{where}: environment is not a function environment(example) -> Environment (docs/agents.md)"
     if not hasattr(module, "TOOLS"):

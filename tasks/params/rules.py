@@ -104,8 +104,16 @@ _REWARD_KINDS = "tasks.rl.reward_kinds:REWARD_KINDS"
 _DISTILL_LOSSES = "tasks.rl.distill_losses:DISTILL_LOSSES"
 
 
+def _base_section(section: str, params: Params) -> str:
+    """The section of the base model behind the stages of ``section`` (base, or agent_base for the agent
+    pipeline's): the kind with a model source in their lineage."""
+    lineage = set().union(*(_trained_from(k.name, params) for k in stage_kinds().values() if k.section == section))
+    return next((k.section for k in stage_kinds().values() if k.source is not None and k.name in lineage), "base")
+
+
 def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
-    base = params.base
+    base_name = _base_section(name, params)
+    base = getattr(params, base_name)
     estimator = registry_entries(_ADVANTAGE_ESTIMATORS).get(cfg.advantage)  # an unknown name is reported by its field
     # distillation runs the estimator only to mix in a reward
     compares_group = estimator is not None and estimator.compares_group
@@ -158,14 +166,14 @@ def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
         if base.max_position_embeddings < longest:
             yield (
                 f"{name}.max_new_tokens: a prompt of sft.max_prompt_length plus {cfg.max_new_tokens} new tokens "
-                f"exceeds base.max_position_embeddings ({base.max_position_embeddings})"
+                f"exceeds {base_name}.max_position_embeddings ({base.max_position_embeddings})"
             )
         head_size = base.hidden_size // base.num_heads
         vllm_on_cpu = cfg.rollout_backend == "vllm" and params.device != "cuda"
         if vllm_on_cpu and not (head_size == 32 or (head_size >= 64 and head_size % 16 == 0)):
             yield (
-                f"base.num_heads: {name}.rollout_backend=vllm on CPU needs a head size (base.hidden_size / "
-                f"base.num_heads) of 32, 64, 80, 96, ..., got {head_size}"
+                f"{base_name}.num_heads: {name}.rollout_backend=vllm on CPU needs a head size ({base_name}.hidden_size"
+                f" / {base_name}.num_heads) of 32, 64, 80, 96, ..., got {head_size}"
             )
 
 
@@ -243,25 +251,32 @@ def _distill_errors(params: Params, longest: int) -> Iterator[str]:
 
 
 def _task_errors(params: Params) -> Iterator[str]:
-    """The task module imports and defines what a task must, and what it cannot generate comes from files."""
+    """Each task module (``task.name``, ``agent_data.task``) imports and defines what a task must, and what it
+    cannot generate comes from files."""
     from tasks.data.environments import agent_task_errors
     from tasks.data.problems import TaskError, task_module
 
-    try:
-        module = task_module(params.task.name)
-    except TaskError as error:
-        yield str(error)
-        return
-    yield from agent_task_errors(module, params.task.name)
-    if not callable(getattr(module, "score", None)):  # a general row of no task may lack one; the task may not
-        yield (
-            f"task.name: the task module {params.task.name!r} lacks score(), the verifier eval and the RL rewards "
-            "grade responses with (docs/tasks.md)"
-        )
-    if not callable(getattr(module, "generate", None)):
-        for key in ("train_file", "test_file"):
-            if getattr(params.data, key) is None:
-                yield f"data.{key}: the task {params.task.name!r} generates no problems (no generate()): name your rows"
+    for key, name, data in (
+        ("task.name", params.task.name, "data"),
+        ("agent_data.task", params.agent_data.task, "agent_data"),
+    ):
+        try:
+            module = task_module(name)
+        except TaskError as error:
+            yield str(error).replace("task.name:", f"{key}:", 1)
+            continue
+        yield from agent_task_errors(module, name, key)
+        if not callable(getattr(module, "score", None)):  # a general row of no task may lack one; the task may not
+            yield (
+                f"{key}: the task module {name!r} lacks score(), the verifier eval and the RL rewards grade "
+                "responses with (docs/tasks.md)"
+            )
+        if not callable(getattr(module, "generate", None)):
+            for file_key in ("train_file", "test_file"):
+                if getattr(getattr(params, data), file_key) is None:
+                    yield (
+                        f"{data}.{file_key}: the task {name!r} generates no problems (no generate()): name your rows"
+                    )
 
 
 def _size_errors(name: str, size: ModelSizeConfig, longest: int) -> Iterator[str]:
@@ -344,6 +359,12 @@ def cross_field_errors(params: Params) -> Iterator[str]:
         elif not has_chat_template(base.model_path):
             model = base.model_path or "the built-in tiny model"
             yield f"task.system_prompt: set, but the base model ({model}) has no chat template to put it in"
+    agent_base = params.agent_base
+    if agent_base.model_path is None:
+        episode = params.sft.max_prompt_length + params.agent_eval.max_new_tokens
+        yield from _size_errors("agent_base", agent_base, max(params.agent_sft.max_length, episode))
+    elif (agent_source_problem := source_error(agent_base.model_path)) is not None:
+        yield f"agent_base.model_path: {agent_source_problem}"
     backbone = params.reward_backbone
     yield from _size_errors("reward_backbone", backbone, max(longest, backbone.max_length))
     yield from _reward_model_errors(params)

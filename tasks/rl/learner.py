@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -51,6 +52,8 @@ class LoopState:
     kl_coef: float = 0.0
     moments: RunningMoments = field(default_factory=RunningMoments)
     history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    # an agent task's episodes, every iteration's, as the stage writes them (EPISODES_FILE beside the model)
+    episodes: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

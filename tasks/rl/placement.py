@@ -19,8 +19,7 @@ import ray
 
 from tasks.common.config import ConfigError, Params, RLConfig, StageResources
 from tasks.common.distributed import RoleGroup
-from tasks.data.environments import is_agent_task
-from tasks.data.problems import Example, task_module
+from tasks.data.problems import Example
 from tasks.rl.workers import ActorWorker, CriticWorker, FrozenWorker, RewardWorker, engine_in_actor
 from tasks.rollout.engine_group import EngineGroup, EngineWorker
 
@@ -108,10 +107,12 @@ def place(
     wanted: set[str],
     teacher_dir: Path | None = None,
     section: str = "rl",
+    episodes: bool = False,
 ) -> Roles:
     """Start the ``wanted`` roles (the actor always), colocated in this process or each on its own Ray actor; the
     trained ones on ``parallel.num_workers`` data-parallel workers (``section`` names their params in errors);
-    and the rollout engines (``rollout``: the actor's own engine when it lives in its process)."""
+    and the rollout engines (``rollout``: the actor's own engine when it lives in its process), which play
+    ``episodes`` when the task has tools or an environment."""
     critic_dir = reward_dirs[0] if cfg.critic_init == "reward" and reward_dirs else policy_dir
     roles = {
         "actor": (ActorWorker, (params, cfg, policy_dir)),
@@ -130,7 +131,6 @@ def place(
             return RoleGroup(role, args, cfg.parallel, f"{section}.parallel")
         return Worker(role, args, None if cfg.colocate else cfg.roles.get(name, StageResources()))
 
-    episodes = is_agent_task(task_module(params.task.name))
     started: Roles = {}
     try:
         adapter_reference = bool(cfg.lora.rank)

@@ -33,6 +33,7 @@ trained models and optimizers, the reference when it has been reset, β, reward 
 the prompt cursor and the metric history.
 """
 
+import json
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -42,7 +43,7 @@ import torch
 from tqdm.auto import tqdm
 
 from models import context_length, load_tokenizer, num_parameters
-from tasks.common.artifacts import DATA_DIR, atomic_output, model_dir
+from tasks.common.artifacts import EPISODES_FILE, atomic_output, model_dir
 from tasks.common.config import Params, RLConfig, to_dict
 from tasks.common.errors import NonFiniteError, cause
 from tasks.common.flops import mfu
@@ -57,9 +58,9 @@ from tasks.common.training import (
     stop_on_divergence,
 )
 from tasks.data.datasets import check_prompt_lengths, read_examples
-from tasks.data.environments import check_tool_tags
+from tasks.data.environments import check_tool_tags, is_agent_task
 from tasks.data.judge import gold_utility
-from tasks.data.problems import Example, score_response, task_module
+from tasks.data.problems import Example, score_response, task_module, task_of
 from tasks.data.prompts import PromptFormat
 from tasks.kinds import stage_kinds
 from tasks.rl.core_algos import adaptive_kl_coef, informative_groups
@@ -137,6 +138,7 @@ def collect(
         state.cursor += 1
         rounds += 1
         rollout = score(roles, scorer, batch, cfg, clock)
+        state.episodes += episode_rows(rollout, state.step + 1)  # every one played, a group dropped below or not
         informative = informative_groups(rollout.scores, cfg.group_size)
         zero_variance.append(1.0 - informative.float().mean().item())
         if not cfg.dynamic_sampling:
@@ -265,7 +267,8 @@ def train(
     )
     if len(examples) < cfg.rollout_batch_size:
         raise ValueError(f"{stage}: {len(examples)} training prompts, fewer than rollout_batch_size")
-    if hasattr(task_module(params.task.name), "TOOLS"):
+    task = task_module(task_of(examples))
+    if hasattr(task, "TOOLS"):
         check_tool_tags(tokenizer)
     wanted = learner.roles(cfg)
     if "reward" in wanted and not reward_dirs:
@@ -277,7 +280,7 @@ def train(
     teacher = [teacher_dir] if teacher_dir is not None else []
     checkpointer = Checkpointer(stage, config, [init_dir, train_file, *reward_dirs, *teacher, *learner.inputs])
     with (
-        placed(params, cfg, init_dir, reward_dirs, wanted, teacher_dir, section) as roles,
+        placed(params, cfg, init_dir, reward_dirs, wanted, teacher_dir, section, is_agent_task(task)) as roles,
         scorer,
         atomic_output(model_dir(stage)) as out,
         stage_live(stage) as live,
@@ -286,7 +289,7 @@ def train(
         state, reference_reset = _resume(roles, checkpointer, cfg)
         for logged_step, metrics in state.history:
             log_step(live, logged_step, metrics)
-        heldout = read_examples(DATA_DIR / "test.jsonl")[: cfg.heldout_prompts] if cfg.heldout_every else []
+        heldout = read_examples(train_file.with_name("test.jsonl"))[: cfg.heldout_prompts] if cfg.heldout_every else []
         if heldout and state.step == 0:
             state.history.append((0, {HELDOUT: heldout_gold_reward(roles, heldout, cfg, params.seed)}))
             log_step(live, 0, state.history[-1][1])
@@ -362,7 +365,26 @@ def train(
                 numbers |= {renamed.get(k, k): v for k, v in updates.numbers(parameters, threads, workers).items()}
             write_perf(live, numbers, timings)
         roles["actor"].call("save", out, init_dir).result()
+        if state.episodes:
+            with open(out / EPISODES_FILE, "w") as handle:
+                handle.writelines(json.dumps(row) + "\n" for row in state.episodes)
     checkpointer.clear()
+
+
+def episode_rows(rollout: Rollout, step: int) -> list[dict[str, Any]]:
+    """The rollout's episodes (none for a single-turn task) as the stage writes them: the iteration, the prompt,
+    every turn and observation, the verdict on the final turn and the reward."""
+    rows = []
+    for index, completion in enumerate(rollout.completions):
+        if (episode := completion.episode) is not None:
+            formatted, correct = score_response(rollout.examples[index], completion.text)
+            rows.append(
+                {"step": step, "prompt": rollout.examples[index].prompt, "response": completion.text}
+                | {"formatted": formatted, "correct": correct, "truncated": completion.truncated}
+                | {"reward": round(float(rollout.scores[index]), 6)}
+                | asdict(episode)
+            )
+    return rows
 
 
 def _resume(roles: Roles, checkpointer: Checkpointer, cfg: RLConfig) -> tuple[LoopState, dict | None]:

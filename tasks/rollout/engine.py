@@ -27,13 +27,14 @@ class Sampling:
 
 @dataclass(frozen=True)
 class EpisodeStats:
-    """What happened in a multi-turn episode (``tasks/rollout/episodes.py``), as the RL trainer logs it."""
+    """What happened in a multi-turn episode (``tasks/rollout/episodes.py``), as the RL trainer logs and writes it."""
 
     turns: int
     tool_calls: int
     tool_errors: int
     hit_max_turns: bool
     env_reward: float  # the sum of the environment's rewards
+    messages: list[dict[str, Any]]  # every turn's role and content (an observation's reward too), for display
 
 
 @dataclass(frozen=True)

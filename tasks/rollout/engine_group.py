@@ -15,7 +15,7 @@ from models import context_length, load_policy, load_tokenizer, resolve_device
 from models.trainable import compute_dtype
 from tasks.common.config import AgentConfig, Params, RLConfig
 from tasks.common.training import make_deterministic, rng_state, set_rng_state
-from tasks.data.problems import Example, task_module
+from tasks.data.problems import Example, task_module, task_of
 from tasks.data.prompts import PromptFormat
 from tasks.rollout.engine import Completion, RolloutEngine, Sampling
 from tasks.rollout.episodes import play
@@ -36,7 +36,6 @@ class EpisodeRollout:
     example, each model turn sampled as a single-turn rollout samples its response (``max_new_tokens``, the
     temperature), within ``params.agent``'s limits."""
 
-    task: str
     sampling: Sampling
     agent: AgentConfig
     max_total_tokens: int
@@ -44,11 +43,12 @@ class EpisodeRollout:
     @classmethod
     def of(cls, params: Params, cfg: RLConfig, model_dir: Path) -> "EpisodeRollout":
         max_total_tokens = params.agent.max_total_tokens or context_length(model_dir)
-        return cls(params.task.name, rollout_sampling(cfg), params.agent, max_total_tokens)
+        return cls(rollout_sampling(cfg), params.agent, max_total_tokens)
 
     def play(self, engine: RolloutEngine, examples: list[Example]) -> list[Completion]:
         """The episodes as completions, grouped by example (``Episode.completion``)."""
-        episodes = play(engine, examples, task_module(self.task), self.sampling, self.agent, self.max_total_tokens)
+        module = task_module(task_of(examples))
+        episodes = play(engine, examples, module, self.sampling, self.agent, self.max_total_tokens)
         return [episode.completion() for episode in episodes]
 
 

@@ -50,7 +50,9 @@ class Episode:
     def completion(self) -> Completion:
         """The episode as a rollout's completion: its opening prompt, then every turn and observation after it."""
         start = self.prompt_length
-        stats = EpisodeStats(self.turns, self.tool_calls, self.tool_errors, self.hit_max_turns, self.env_reward)
+        stats = EpisodeStats(
+            self.turns, self.tool_calls, self.tool_errors, self.hit_max_turns, self.env_reward, self.messages
+        )
         return Completion(
             self.prompt_index,
             self.token_ids[:start],

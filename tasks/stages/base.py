@@ -1,5 +1,6 @@
-"""Stage `base`: the starting model in HF format, built tiny from params or taken from ``base.model_path`` (a model
-directory, a GGUF file, or a package's file; ``models/sources.py``), with the source's sha256 beside it."""
+"""Stages `base` and `agent_base`: the starting model in HF format, built tiny from params or taken from the
+section's ``model_path`` (a model directory, a GGUF file, or a package's file; ``models/sources.py``), with the
+source's sha256 beside it."""
 
 import json
 from pathlib import Path
@@ -24,10 +25,10 @@ def run(stage: StageRun) -> None:
         try:
             model, tokenizer = load_source(cfg.model_path)
         except ModelSourceError as error:
-            raise ModelSourceError(f"base.model_path: {error}") from None
+            raise ModelSourceError(f"{stage.kind.section}.model_path: {error}") from None
     # Under `dvc repro` DVC hashes the deps after the command: the lock records the source this run read.
     write_fingerprint(Path(stage.kind.fingerprint), digest)
-    with atomic_output(model_dir("base")) as out, stage_live("base") as live:
+    with atomic_output(model_dir(stage.name)) as out, stage_live(stage.name) as live:
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
         if digest is not None:

@@ -1,9 +1,11 @@
-"""Stage `data`: the train and held-out splits, generated from the seed or read from shards of your own under data/."""
+"""Stages `data` and `agent_data`: the train and held-out splits of a task (``task.name``, or the section's own
+``task``: the agent pipeline's), generated from the seed or read from shards of your own under data/."""
 
+import dataclasses
 import json
 from collections import Counter
 
-from tasks.common.artifacts import DATA_DIR, atomic_output
+from tasks.common.artifacts import atomic_output, stage_dir
 from tasks.common.errors import warn
 from tasks.common.registry import StageRun
 from tasks.common.tracking import stage_live
@@ -13,18 +15,19 @@ from tasks.data.problems import Example
 
 def run(stage: StageRun) -> None:
     params, cfg = stage.params, stage.config
+    task = dataclasses.replace(params.task, name=getattr(cfg, "task", params.task.name))
     # Every row of every shard of your own is validated before anything is generated or written.
-    train = read_shards(cfg.train_file, params.task.name) if cfg.train_file else None
-    test = read_shards(cfg.test_file, params.task.name) if cfg.test_file else None
+    train = read_shards(cfg.train_file, task.name) if cfg.train_file else None
+    test = read_shards(cfg.test_file, task.name) if cfg.test_file else None
     if train is None or test is None:
-        generated_train, generated_test = generate_splits(params.task, cfg.num_train, cfg.num_test, params.seed)
+        generated_train, generated_test = generate_splits(task, cfg.num_train, cfg.num_test, params.seed)
         train = generated_train if train is None else train
         test = generated_test if test is None else test
     overlap = {e.prompt for e in train} & {e.prompt for e in test}
     if overlap:
         raise ValueError(f"data: {len(overlap)} prompt(s) are in both splits, e.g. {sorted(overlap)[0]!r}")
 
-    with atomic_output(DATA_DIR) as out, stage_live("data") as live:
+    with atomic_output(stage_dir(stage.name)) as out, stage_live(stage.name) as live:
         out.mkdir()
         write_jsonl(out / "train.jsonl", train)
         write_jsonl(out / "test.jsonl", test)
@@ -33,7 +36,7 @@ def run(stage: StageRun) -> None:
     if params.base.model_path is None:
         _say_unknown_characters(train + test)
     splits = (("train", train, cfg.train_file), ("test", test, cfg.test_file))
-    print(f"data: task {params.task.name}; " + "; ".join(_said(*split) for split in splits))
+    print(f"{stage.name}: task {task.name}; " + "; ".join(_said(*split) for split in splits))
 
 
 def _said(split: str, rows: list[Example], source: str | None) -> str:

@@ -1,5 +1,6 @@
-"""Stage `eval@<model>`: held-out greedy pass@1, sampled pass@k, format compliance, response length and the share
-of greedy responses cut off at ``eval.max_new_tokens`` (``truncated_rate``: a high one explains a low pass@1).
+"""Stages `eval@<model>` and `agent_eval@<model>`: held-out greedy pass@1, sampled pass@k, format compliance,
+response length and the share of greedy responses cut off at ``max_new_tokens`` (``truncated_rate``: a high one
+explains a low pass@1); of an agent task, episodes with tools, and their turns, tool calls and tool errors.
 
 ``gold_reward`` is the gold judge's mean utility (``tasks/data/judge.py``, [0, 1]) of the sampled
 responses: the policy's expected reward as RLHF optimises it, measured by the judge it never saw.
@@ -11,15 +12,15 @@ from pathlib import Path
 import torch
 
 from models import context_length, num_parameters
-from tasks.common.artifacts import DATA_DIR, EPISODES_FILE, atomic_output, stage_dir
-from tasks.common.config import EvalConfig, Params
+from tasks.common.artifacts import EPISODES_FILE, atomic_output, stage_dir
+from tasks.common.config import AgentConfig, EvalConfig, Params
 from tasks.common.registry import StageRun
 from tasks.common.tracking import stage_live
 from tasks.common.training import make_deterministic
 from tasks.data.datasets import read_examples
 from tasks.data.environments import is_agent_task
 from tasks.data.judge import gold_utility
-from tasks.data.problems import Example, score_response, task_module
+from tasks.data.problems import Example, score_response, task_module, task_of
 from tasks.rl.core_algos import pass_at_k
 from tasks.rollout.engine import Completion, RolloutEngine, Sampling
 from tasks.rollout.episodes import EPISODE_FIELDS, play
@@ -74,13 +75,12 @@ def evaluate(engine: RolloutEngine, examples: list[Example], cfg: EvalConfig) ->
 
 
 def evaluate_episodes(
-    engine: RolloutEngine, examples: list[Example], params: Params, max_total_tokens: int
+    engine: RolloutEngine, examples: list[Example], cfg: EvalConfig, agent: AgentConfig, max_total_tokens: int
 ) -> tuple[dict[str, float], list[dict]]:
     """``evaluate`` of a task with tools or an environment: episodes of up to ``agent.max_turns`` turns, graded by
     ``score`` on their final turn, with their turns, tool calls and tool errors, and the greedy episodes row by row
     (every turn, observation and reward)."""
-    cfg, agent = params.eval, params.agent
-    module = task_module(params.task.name)
+    module = task_module(task_of(examples))
 
     greedy = play(engine, examples, module, Sampling(cfg.max_new_tokens, greedy=True), agent, max_total_tokens)
     sampling = Sampling(cfg.max_new_tokens, n=cfg.k, temperature=cfg.temperature)
@@ -102,26 +102,31 @@ def evaluate_episodes(
     return metrics, rows
 
 
-def evaluate_model(model: Path, params: Params, data: Path = DATA_DIR) -> tuple[dict[str, float], list[dict]]:
-    """``evaluate`` of the model directory ``model`` on the held-out split, seeded as the eval stage runs it: the
-    retraining gate scores the champion through here, so it and the candidate's eval@ are the same measurement."""
+def evaluate_model(
+    model: Path, params: Params, data: Path, section: str = "eval"
+) -> tuple[dict[str, float], list[dict]]:
+    """``evaluate`` of the model directory ``model`` on the held-out split in ``data``, with the params ``section``
+    of the evaluation (eval, agent_eval), seeded as the eval stage runs it: the retraining gate scores the champion
+    through here, so it and the candidate's evaluation are the same measurement."""
     make_deterministic(params.seed)
+    cfg = getattr(params, section)
     test_file = data / "test.jsonl"
     examples = read_examples(test_file)
-    new_tokens = ("eval.max_new_tokens", params.eval.max_new_tokens)
-    engine = policy_engine(params, model, {test_file: examples}, new_tokens)
-    module = task_module(params.task.name)
-    if not is_agent_task(module):
-        return evaluate(engine, examples, params.eval)
-    return evaluate_episodes(engine, examples, params, params.agent.max_total_tokens or context_length(model))
+    engine = policy_engine(params, model, {test_file: examples}, (f"{section}.max_new_tokens", cfg.max_new_tokens))
+    if not is_agent_task(task_module(task_of(examples))):
+        return evaluate(engine, examples, cfg)
+    max_total_tokens = params.agent.max_total_tokens or context_length(model)
+    return evaluate_episodes(engine, examples, cfg, params.agent, max_total_tokens)
 
 
 def run(stage: StageRun) -> None:
-    metrics, rows = evaluate_model(stage.inputs["model"], stage.params, stage.inputs["data"])
+    data = stage.inputs["data"]
+    metrics, rows = evaluate_model(stage.inputs["model"], stage.params, data, stage.kind.section)
     with atomic_output(stage_dir(stage.name)) as out, stage_live(stage.name) as live:
         out.mkdir()
         # an agent task's greedy responses are episodes: every turn, tool call, observation and reward
-        name = EPISODES_FILE if is_agent_task(task_module(stage.params.task.name)) else "greedy.jsonl"
+        agent_task = is_agent_task(task_module(task_of(read_examples(data / "test.jsonl"))))
+        name = EPISODES_FILE if agent_task else "greedy.jsonl"
         with open(out / name, "w") as handle:
             for row in rows:
                 handle.write(json.dumps(row) + "\n")

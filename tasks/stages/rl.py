@@ -7,7 +7,8 @@ and where it starts is the ``policy`` its stage kind reads (``tasks/kinds.py``):
   per-token KL penalty in the reward with the adaptive controller, the clipped token-level surrogate;
 - ``ppo_verifier``: the reference point, the same PPO rewarded by the exact verifier (``ppo.verifier_rewards``);
 - ``grpo``: R1's reasoning RL from the cold-start SFT model; ``grpo_zero``: R1-Zero, the same from the base;
-- ``grpo_final@<round>``: a round's final RL from its SFT model, with the rule-based rewards and the reward model.
+- ``grpo_final@<round>``: a round's final RL from its SFT model, with the rule-based rewards and the reward model;
+- ``agent_grpo``: the agent pipeline's GRPO on episodes in its task's environment, from ``agent_sft``.
 """
 
 from dataclasses import replace

@@ -9,6 +9,7 @@ runs with which section is declared in ``tasks/kinds.py``.
 
 from __future__ import annotations
 
+from tasks.common.config.agents import AgentDataConfig, AgentSections
 from tasks.common.config.fields import ConfigError, schema_section, to_dict
 from tasks.common.config.operations import (
     GATE_METRICS,
@@ -57,8 +58,9 @@ from tasks.common.config.sections import (
 
 
 @schema_section
-class Params(OperationsSections, RLSections, SupervisedSections):
-    """All of params.yaml: the supervised sections first, then the RL ones, then how runs are operated."""
+class Params(OperationsSections, AgentSections, RLSections, SupervisedSections):
+    """All of params.yaml: the supervised sections first, then the RL ones, then the agent pipeline's, then how runs
+    are operated."""
 
 
 __all__ = [
@@ -66,6 +68,7 @@ __all__ = [
     "LEARNERS",
     "SEED_MAX",
     "AgentConfig",
+    "AgentDataConfig",
     "ArithmeticConfig",
     "BaseConfig",
     "BestOfNConfig",

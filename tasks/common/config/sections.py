@@ -12,6 +12,8 @@ CHAT_TEMPLATE_MODES = ("auto", "always", "never")  # not on/off: YAML reads thos
 SEED_MAX = 2**32 - 1  # numpy's seeding takes 32 bits
 # Why an upper bound: past it a stage would run for hours here; a user who means it can raise the bound.
 _HOURS = "a larger value takes hours to generate, validate and train on"
+# A module path; whether it imports is checked with the rules.
+TASK_MODULE_PATTERN = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$"
 
 
 @schema_section
@@ -36,7 +38,7 @@ class TaskConfig:
         "countdown",
         "The task: a built-in problem family (arithmetic, countdown) or a module of your own by its import path from "
         "the project directory (examples.word_problems; docs/tasks.md).",
-        pattern=r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$",  # a module path; whether it imports is checked with the rules
+        pattern=TASK_MODULE_PATTERN,
     )
     arithmetic: ArithmeticConfig = section(ArithmeticConfig, "Settings of the arithmetic family.")
     countdown: CountdownConfig = section(CountdownConfig, "Settings of the countdown family.")
@@ -400,7 +402,6 @@ class SupervisedSections:
     base: BaseConfig = section(BaseConfig, "The base model: built-in tiny model or a model path.")
     sft: SFTConfig = section(SFTConfig, "Supervised fine-tuning on worked solutions.")
     eval: EvalConfig = section(EvalConfig, "Held-out evaluation.")
-    agent: AgentConfig = section(AgentConfig, "Multi-turn episodes: tool calls and interactive environments.")
     preferences: PreferencesConfig = section(PreferencesConfig, "Preference pairs sampled from a policy, judged.")
     reward_backbone: RewardBackboneConfig = section(
         RewardBackboneConfig,

@@ -83,6 +83,15 @@ def task_module(name: str) -> ModuleType:
     return module
 
 
+def task_of(examples: list[Example]) -> str:
+    """The one task ``examples`` are problems of (a dataset's rows are its stage's task's: ``task.name``, or
+    ``agent_data.task``); ValueError naming them when they mix tasks."""
+    tasks = sorted({example.task for example in examples})
+    if len(tasks) != 1:
+        raise ValueError(f"expected the rows of one task, got {', '.join(tasks) or 'no rows'}")
+    return tasks[0]
+
+
 def has_verifier(example: Example) -> bool:
     return callable(getattr(task_module(example.task), "score", None))
 
