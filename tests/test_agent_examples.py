@@ -203,3 +203,22 @@ def test_every_text_is_in_the_tiny_models_alphabet(task):
     texts += [guess_number.FORMAT_ERROR, "higher", "lower", "correct"]
     for text in texts:
         assert tokenizer.unk_token_id not in tokenizer(text, add_special_tokens=False)["input_ids"], text
+
+
+def test_games_played_side_by_side_keep_their_own_hidden_numbers():
+    """As a batch plays them: every game's environment made, then each reset, then one turn of each in turn (the
+    sandbox the first reset starts must not take the games not yet reset for lost ones)."""
+    examples = rows("examples.guess_number")[:6]
+    with EnvironmentHost(guess_number, timeout=60, output_chars=1000) as host:
+        games = [host.environment(key) for key in range(len(examples))]
+        for game, example in zip(games, examples, strict=True):
+            assert game.reset(example) is None
+        moves = [[turn["content"] for turn in e.meta["turns"] if turn["role"] == "assistant"] for e in examples]
+        replies = [[] for _ in examples]
+        for turn in range(max(map(len, moves))):
+            for key, game in enumerate(games):
+                if turn < len(moves[key]):
+                    replies[key].append(game.step(moves[key][turn]).observation)
+    for example, said in zip(examples, replies, strict=True):
+        assert said == [t["content"] for t in example.meta["turns"] if t["role"] == "user"] + ["correct"]
+    assert all(game.tool_errors == 0 for game in games)

@@ -293,10 +293,10 @@ class WorldEnvironment(HostedEnvironment):
         self.key, self.example, self.actions, self.lost = key, None, [], False
 
     def reset(self, example: Example) -> str | None:
-        self.example = example
         status, opening = self.host.call("reset", self.key, example)
         if status == "error":
             raise TaskError(f"{self.host.module.__name__}.environment().reset() failed: {opening}")
+        self.example = example  # from now on a fresh sandbox rebuilds it
         return opening
 
     def step(self, action: str) -> Step:
@@ -311,5 +311,8 @@ class WorldEnvironment(HostedEnvironment):
         return step
 
     def history(self) -> list[tuple]:
-        """The requests that rebuild this world in a fresh sandbox: its reset, then the actions it was given."""
+        """The requests that rebuild this world in a fresh sandbox: its reset, then the actions it was given (none
+        before its reset: the sandbox a batch's first reset starts holds no world yet)."""
+        if self.example is None:
+            return []
         return [("reset", self.key, self.example), *(("step", self.key, action) for action in self.actions)]
