@@ -31,6 +31,13 @@ MALFORMED_CONFIGS = [
     (["device=tpu"], "device: must be one of"),
     (["eval.temperature=0"], "eval.temperature: must be > 0"),
     (["base.max_position_embeddings=32"], "base.max_position_embeddings: must be >="),
+    (["agent_data.task=sudoku"], "agent_data.task: the task module 'sudoku' does not import (ModuleNotFoundError"),
+    (["agent_sft.max_length=300"], "agent_base.max_position_embeddings: must be >= 300"),
+    (
+        ["agent_grpo.max_new_tokens=250"],
+        "agent_grpo.max_new_tokens: a prompt of sft.max_prompt_length plus 250 new tokens exceeds "
+        "agent_base.max_position_embeddings (256)",
+    ),
     (["data.train_file=data/missing.jsonl"], "data.train_file: no JSONL file at 'data/missing.jsonl'"),
     (["data.train_file=data/shards/*.jsonl"], "data.train_file: no JSONL file at 'data/shards/*.jsonl'"),
     (["data.train_file=/tmp/mine.jsonl"], "data.train_file: must be under data/"),
@@ -428,7 +435,11 @@ def test_a_failing_stage_leaves_the_previous_output_untouched(project, capsys):
 
 
 @pytest.mark.parametrize(
-    "name", ["train", "eval", "sft@base", "sft_rs@../../etc", "rejection@2", "eval@../../etc", "eval@sft_rs/9"]
+    "name",
+    [
+        *("train", "eval", "sft@base", "sft_rs@../../etc", "rejection@2", "eval@../../etc", "eval@sft_rs/9"),
+        *("agent_eval@sft", "eval@agent_sft"),  # each evaluation reads its own pipeline's held-out split
+    ],
 )
 def test_unknown_or_misaddressed_stage_is_rejected_before_anything_is_created(project, capsys, name):
     assert main(["stage", name]) == 2
