@@ -1,8 +1,8 @@
 """The pipeline report: every stage's latest metrics, in pipeline order, read through DVC's own index.
 
-An evaluation stage (its command ``alignflow stage eval@<model>``) reports under the stage
-that produced the model, so ``sft`` shows both its training metrics and its held-out
-``pass@1``, and ``grpo_final@1`` those of ``eval@grpo_final/1``.
+An evaluation stage (its command ``alignflow stage eval@<model>``, or ``agent_eval@<model>``) reports under the
+stage that produced the model, so ``sft`` shows both its training metrics and its held-out ``pass@1``, and
+``grpo_final@1`` those of ``eval@grpo_final/1``.
 """
 
 import json
@@ -12,8 +12,10 @@ from typing import Any
 
 from flows.dag import dependencies_first, open_repo
 from tasks.common.artifacts import PERF_FILE
+from tasks.kinds import stage_kinds
 
-_EVALUATION = re.compile(r"alignflow stage eval@(\S+)")
+_EVALUATIONS = "|".join(kind.name for kind in stage_kinds().values() if kind.target == "model")
+_EVALUATION = re.compile(rf"alignflow stage (?:{_EVALUATIONS})@(\S+)")
 
 
 def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
