@@ -41,10 +41,13 @@ def repro_agent(project: Path, overrides: list[str]) -> float:
 
 
 def evaluation(project: Path, model: str) -> dict[str, float]:
-    """``agent_eval@model``'s metrics, with the mean turns of its won greedy episodes."""
+    """``agent_eval@model``'s metrics, with the mean turns of its won greedy episodes (a task without tools or a
+    world, the baseline's, answers in one turn: its eval writes greedy.jsonl)."""
     metrics = json.loads((project / f"metrics/agent_eval/{model}/metrics.json").read_text())
-    rows = (project / f"artifacts/agent_eval/{model}/episodes.jsonl").read_text().splitlines()
-    won = [row["turns"] for row in map(json.loads, rows) if row["correct"]]
+    written = project / f"artifacts/agent_eval/{model}"
+    episodes = written / "episodes.jsonl"
+    rows = (episodes if episodes.is_file() else written / "greedy.jsonl").read_text().splitlines()
+    won = [row.get("turns", 1) for row in map(json.loads, rows) if row["correct"]]
     return metrics | {"turns_to_success": statistics.mean(won) if won else float("nan"), "episodes": len(rows)}
 
 
