@@ -115,7 +115,8 @@ def stage_run(name: str, params: Params) -> StageRun:
         if not ((model in models and not round_name) or (model in round_models and round_name in params.rounds)):
             rounds = f", or {'|'.join(round_models)}/ROUND with ROUND in rounds: {', '.join(params.rounds)}"
             raise ConfigError(
-                f"stage {name!r}: no model named {target!r} that {kind.name} evaluates (models: {', '.join(models)}"
+                f"stage {name!r}: no stage trains a model named {target!r} that {kind.name} evaluates (models: "
+                f"{', '.join(models)}"
                 f"{rounds if round_models else ''})"
             )
     return StageRun(name, kind, params, StageInputs(read_artifacts(kind, params, target)), target)
