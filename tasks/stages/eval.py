@@ -125,8 +125,7 @@ def run(stage: StageRun) -> None:
     with atomic_output(stage_dir(stage.name)) as out, stage_live(stage.name) as live:
         out.mkdir()
         # an agent task's greedy responses are episodes: every turn, tool call, observation and reward
-        agent_task = is_agent_task(task_module(task_of(read_examples(data / "test.jsonl"))))
-        name = EPISODES_FILE if agent_task else "greedy.jsonl"
+        name = EPISODES_FILE if rows and "messages" in rows[0] else "greedy.jsonl"
         with open(out / name, "w") as handle:
             for row in rows:
                 handle.write(json.dumps(row) + "\n")

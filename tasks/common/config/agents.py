@@ -31,8 +31,8 @@ class AgentDataConfig(DataConfig):
 
 
 # A worked calculator episode is about 150 positions (prompt, call, result, answer): the tiny model's default 128
-# does not hold it. Copying the tool's result into the answer comes late in SFT: at 400 steps (a cosine schedule
-# over them) the tiny model calls the tool but answers 0.105 of the held-out products right; at 600 all of them.
+# does not hold it. Copying the tool's result into the answer comes late in SFT (docs/agents.md: 400 steps are too
+# few).
 _AGENT_BASE = {"max_position_embeddings": 256}
 _AGENT_SFT = {"init": "agent_base", "max_length": 224, "max_steps": 800, "warmup_steps": 20, "save_every": 100}
 # A turn is a tool call (about 80 characters in the Hermes format) or an answer: each fits 96 new tokens.
