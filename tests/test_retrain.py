@@ -73,7 +73,9 @@ def retrain(project: Path, env: dict, *overrides: str) -> dict:
 def scheduled_retrain(project: Path, env: dict, log: Path) -> dict:
     """`alignflow serve` with sft's retrain on a cron from params that fires once, a minute or two from now: the
     gate's decision of the run the schedule started, read back from the registry."""
-    at = datetime.now(UTC) + timedelta(seconds=80)  # past serve's start-up, so the first firing is not missed
+    # Cron fires at the start of a minute: the first minute that starts at least 80 s from now, past serve's start-up
+    # (under load it has taken over 20 s), so the firing is not missed.
+    at = (datetime.now(UTC) + timedelta(seconds=140)).replace(second=0, microsecond=0)
     params = OmegaConf.load(project / "params.yaml")
     OmegaConf.update(params, "runner.schedules", {"sft": f"{at.minute} {at.hour} * * *"}, merge=False)
     OmegaConf.save(params, project / "params.yaml")
@@ -85,7 +87,7 @@ def scheduled_retrain(project: Path, env: dict, log: Path) -> dict:
             states = [run["state"]["type"] for run in api(env, "/flow_runs/filter", runs)]
             return any(state in ("COMPLETED", "FAILED", "CRASHED") for state in states)
 
-        wait_until(finished, 400, "the scheduled retrain")
+        wait_until(finished, 600, "the scheduled retrain")
         (run,) = [run for run in api(env, "/flow_runs/filter", runs) if run["state"]["type"] != "SCHEDULED"]
     assert run["auto_scheduled"] and run["state"]["type"] == "COMPLETED", log.read_text()[-3000:]
     return json.loads(alignflow(project, env, "registry", "--json").stdout)[-1]["decision"]
