@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from flows.fingerprints import refresh_fingerprints
 from tasks.common.registry import usage_name
-from tasks.kinds import refresh_fingerprints, stage_kinds
+from tasks.kinds import stage_kinds
 from tasks.pipelines import PIPELINES
 
 

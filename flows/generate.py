@@ -97,12 +97,21 @@ def _dvc_params(kind: StageKind) -> list[str]:
     return [key for listed in kind.param_keys for key in (own if listed == kind.section else [listed])]
 
 
+def _tasks(kind: StageKind) -> list[tuple[str, str]]:
+    """(fingerprint file, params key) of each task whose problems ``kind`` generates or reads: its verifier and
+    environment are the stage's code as much as its own modules are."""
+    kinds = stage_kinds()
+    writers = [kind, *(kinds[read] for read in kind.reads.values() if read in kinds)]
+    return [(writer.task_fingerprint, writer.task_key) for writer in writers if writer.task is not None]
+
+
 def _entry(kind: StageKind, name: str, foreach: list[str] | str | None, target: str) -> list[str]:
     """One dvc.yaml stage (or foreach group) of ``kind``; ``target`` is what follows @ in its stages' names."""
     deps = ["data  # your own JSONL and incoming shards: a new shard retrains"] if kind.user_data else []
     deps += [_artifact(read, kind, target) for read in kind.reads.values()] + list(_code_deps(kind.entry))
     if kind.fingerprint is not None:
         deps.append(f"{kind.fingerprint}  # {kind.section}.{kind.source} by content, refreshed by alignflow")
+    deps += [f"{fingerprint}  # {key}'s code by content, refreshed by alignflow" for fingerprint, key in _tasks(kind)]
     command = f"{kind.name}@{target}" if kind.target else kind.name
     out = command.replace("@", "/")
     lines = [f"  {name}:", *_wrapped(kind.description, "    # ", "    # ")]

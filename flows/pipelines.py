@@ -29,6 +29,7 @@ from prefect.exceptions import TerminationSignal
 from prefect.futures import PrefectFuture, wait
 from pydantic import BaseModel
 
+from flows.fingerprints import refresh_fingerprints
 from flows.overrides import changed_overrides, form_model
 from flows.remote import push
 from flows.report import collect, markdown_table, stage_metrics
@@ -45,7 +46,6 @@ from flows.runner import (
 from tasks.common.artifacts import CURVE_FILE, EPISODES_FILE, atomic_output, metrics_dir, stage_dir
 from tasks.common.cluster import connect_ray, release_ray
 from tasks.common.config import Params, RunnerConfig
-from tasks.kinds import refresh_fingerprints
 from tasks.params.load import load_params
 from tasks.params.write import write_overrides
 from tasks.pipelines import PIPELINES

@@ -241,10 +241,12 @@ def source_digest(spec: str) -> str:
     return digest.hexdigest()
 
 
-def write_fingerprint(path: Path, digest: str | None) -> None:
-    """Write a model source's sha256 (None: no source, the built-in model) to ``path``, the file dvc.yaml lists as
-    the stage's dependency in the source's stead; left untouched when it already says so."""
-    text = f"{FINGERPRINT_HEADER}\n{'none: the built-in tiny model' if digest is None else f'sha256: {digest}'}\n"
+def write_fingerprint(
+    path: Path, digest: str | None, header: str = FINGERPRINT_HEADER, absent: str = "the built-in tiny model"
+) -> None:
+    """Write a source's sha256 (None: no source, ``absent`` says what stands instead) to ``path``, the file dvc.yaml
+    lists as the stage's dependency in the source's stead; left untouched when it already says so."""
+    text = f"{header}\n{f'none: {absent}' if digest is None else f'sha256: {digest}'}\n"
     if path.is_file() and path.read_text() == text:
         return
     path.parent.mkdir(parents=True, exist_ok=True)

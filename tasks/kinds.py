@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import yaml
 from pydantic import ConfigDict, Field, TypeAdapter
@@ -74,6 +74,14 @@ class StageKind:
         "do not.",
     )
 
+    task: str | None = Field(
+        None,
+        description="The params key naming the task it generates problems of ('{section}' is its own section), "
+        "read by content too: dvc.yaml lists the file `task_fingerprint` names, the sha256 of a task module's own "
+        "source files, which alignflow refreshes before DVC decides what runs; the stages that read its data list "
+        "it as well, so an edited generator, verifier or environment re-runs what used it.",
+    )
+
     @property
     def param_keys(self) -> tuple[str, ...]:
         """Every params key it reads, as dvc.yaml lists them and ``alignflow stage NAME --help`` shows them."""
@@ -85,6 +93,16 @@ class StageKind:
         """The project file standing for its model source (``source``) in dvc.yaml: the source's sha256."""
         return None if self.source is None else f"sources/{self.section}.sha256"
 
+    @property
+    def task_key(self) -> str | None:
+        """The params key naming its task (``task``, its section filled in)."""
+        return None if self.task is None else self.task.format(section=self.section)
+
+    @property
+    def task_fingerprint(self) -> str | None:
+        """The project file standing for its task module's code in dvc.yaml: the code's sha256."""
+        return None if self.task is None else f"sources/{self.section}.task.sha256"
+
 
 @functools.cache
 def stage_kinds() -> dict[str, StageKind]:
@@ -92,17 +110,6 @@ def stage_kinds() -> dict[str, StageKind]:
     declared = yaml.safe_load(DECLARATIONS.read_text())
     kinds = TypeAdapter(list[StageKind]).validate_python([{"name": name, **kind} for name, kind in declared.items()])
     return {kind.name: kind for kind in kinds}
-
-
-def refresh_fingerprints(params: Any, project: Path) -> None:
-    """Write the sha256 of each model source ``params`` name to its fingerprint file in ``project``: run before DVC
-    decides what is up to date, so that it compares the source's content with what dvc.lock recorded."""
-    from models.sources import source_digest, write_fingerprint
-
-    for kind in stage_kinds().values():
-        if kind.source is not None:
-            spec = getattr(getattr(params, kind.section), kind.source)
-            write_fingerprint(project / kind.fingerprint, None if spec is None else source_digest(spec))
 
 
 def model_kinds(evaluation: str | None = None) -> tuple[list[str], list[str]]:

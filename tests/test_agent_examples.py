@@ -125,6 +125,7 @@ def test_the_calculator_refuses_what_is_not_integer_arithmetic_without_running_i
 
 
 def test_guess_number_traces_replay_against_its_environment_and_win_within_seven_turns():
+    openings = []
     for example in rows("examples.guess_number", num_train=200):
         assert re.fullmatch(r"Game \d{5}: guess 1 to 100", example.prompt)
         game = guess_number.environment(example)
@@ -137,9 +138,27 @@ def test_guess_number_traces_replay_against_its_environment_and_win_within_seven
             if index + 1 < len(guesses):
                 assert turns[2 * index + 1] == {"role": "user", "content": step.observation}
                 assert (step.reward, step.done) == (0.0, False)
-        assert (step.observation, step.reward, step.done) == ("correct", 1.0, True)
+        assert (step.observation, step.reward, step.done) == ("correct", guess_number.win_reward(len(guesses)), True)
         assert game.format_errors == 0
-        assert guess_number.difficulty(example) == f"{len(guesses)}-turn"
+        number = int(example.meta["number"])
+        assert guess_number.difficulty(example) == f"{guess_number.binary_search_turns(number)}-turn"
+        openings.append(guesses[0])
+    # two players' won games: most open with the wasted guess (0.9 of the games x 64 numbers it wins of 100)
+    wasted = openings.count(guess_number.guess_turn(1, 100, 1)) / len(openings)
+    assert 0.45 < wasted < 0.7 and wasted + openings.count(guess_number.guess_turn(1, 100, 50)) / len(openings) == 1
+
+
+def test_the_logged_opening_wins_fewer_games_in_more_turns_than_binary_search():
+    assert all(guess_number.logged_search(n, 0.95) == guess_number.binary_search(n) for n in range(1, 101))
+    logged = {number: guess_number.logged_search(number, 0.0) for number in range(1, 101)}  # the opening player's
+    opened = {n: turns for n, turns in logged.items() if turns[0][2] == 1}
+    assert len(opened) == 64 and all(len(turns) <= 7 for turns in logged.values())
+    # the wasted opening, then halving 2..100; its won games take more turns on average than binary search's 100
+    assert all(len(turns) == guess_number.binary_search_turns(n, 2, 100) + 1 for n, turns in opened.items() if n > 1)
+    mean_turns = sum(map(len, opened.values())) / len(opened)
+    assert mean_turns > sum(map(guess_number.binary_search_turns, range(1, 101))) / 100 + 0.2
+    assert all(logged[n] == guess_number.binary_search(n) for n in set(logged) - set(opened))
+    assert all(len(guess_number.opening_search(n)) == 8 for n in set(logged) - set(opened))
 
 
 def test_binary_search_finds_every_number_within_seven_guesses():
@@ -149,7 +168,8 @@ def test_binary_search_finds_every_number_within_seven_guesses():
     for number in range(1, 101):
         game = guess_number.environment(Example("examples.guess_number", "p", str(number), "", {"number": number}))
         steps = [game.step(guess_number.guess_turn(*turn)) for turn in guess_number.binary_search(number)]
-        assert steps[-1].done and steps[-1].reward == 1.0 and not any(step.done for step in steps[:-1])
+        assert steps[-1].done and not any(step.done or step.reward for step in steps[:-1])
+        assert steps[-1].reward == (8 - len(steps)) / 7  # 1.0 won on the first guess, 1/7 on the seventh
 
 
 def test_the_game_counts_unreadable_turns_and_ends_after_seven():
@@ -187,7 +207,8 @@ def test_traces_replay_through_the_sandboxed_environment_an_episode_runs_in(modu
                 step = environment.step(turns[index]["content"])
                 if index + 1 < len(turns):
                     assert (step.observation, step.done) == (turns[index + 1]["content"], False)
-            final = (None, 0.0, True) if module is calculator else ("correct", 1.0, True)  # no call: the answer
+            guesses = len(assistant_turns(example))  # the calculator's last turn makes no call: the answer
+            final = (None, 0.0, True) if module is calculator else ("correct", module.win_reward(guesses), True)
             assert (step.observation, step.reward, step.done) == final
             assert environment.tool_errors == 0
             host.release(key)

@@ -2,9 +2,10 @@
 
 The hidden number is in the row's ``meta["number"]``, never in its prompt. Each model turn is one guess in the
 project's response format, ``<think>...</think><answer>N</answer>``; the environment replies ``higher``, ``lower`` or
-``correct`` (the game ends, reward 1.0), and a turn it cannot read as a guess gets ``format error``. A game allows
-``MAX_GUESSES`` turns, enough for binary search over 1..100. The worked trace in ``meta["turns"]`` is that search,
-with the interval still open in the think, e.g. for 63::
+``correct`` (the game ends; the reward is ``win_reward``: 1.0 on the first guess, 1/7 on the seventh), and a turn it
+cannot read as a guess gets ``format error``. A game allows ``MAX_GUESSES`` turns, enough for binary search over
+1..100. The worked trace in ``meta["turns"]`` is a won game, with the interval still open in each think, e.g. binary
+search for 63::
 
     assistant: <think>1-100</think><answer>50</answer>
     user:      higher
@@ -13,7 +14,9 @@ with the interval still open in the think, e.g. for 63::
     ...
     assistant: <think>63-64</think><answer>63</answer>
 
-and ``solution`` is the last, winning guess. README.md beside this file says more.
+and ``solution`` is the last, winning guess. The traces are two players' won games: most open with a wasted guess
+(see ``opening_search``), so the strategy SFT clones is not the best one there is, and RL has one to find. README.md
+beside this file says more.
 """
 
 import random
@@ -25,6 +28,8 @@ from tasks.data.problems.example import Example, parse_response
 LOW, HIGH = 1, 100
 # Binary search needs (HIGH - LOW + 1).bit_length() guesses at worst: 7 for 1..100.
 MAX_GUESSES = 7
+# The share of the logged games the opening player (``opening_search``) played.
+OPENING_SHARE = 0.9
 FORMAT_ERROR = "format error"
 _INTEGER = re.compile(r"-?\d+")
 # The game number keeps prompts distinct (the data stage draws distinct prompts); it is drawn apart from the hidden
@@ -55,6 +60,24 @@ def binary_search(number: int, low: int = LOW, high: int = HIGH) -> list[tuple[i
         low, high = (guess + 1, high) if number > guess else (low, guess - 1)
 
 
+def opening_search(number: int) -> list[tuple[int, int, int]]:
+    """(low, high, guess) of each turn of the other player: it first guesses ``LOW`` and then searches the rest by
+    halves. The wasted guess costs it a turn, and the game on the 36 numbers halving 2..100 needs 7 guesses for."""
+    if number == LOW:
+        return [(LOW, HIGH, LOW)]
+    return [(LOW, HIGH, LOW), *binary_search(number, LOW + 1, HIGH)]
+
+
+def logged_search(number: int, player: float) -> list[tuple[int, int, int]]:
+    """The worked trace's turns for ``number``, ``player`` a draw in [0, 1) of who played it: the opening player
+    (``OPENING_SHARE`` of the games) where it wins within ``MAX_GUESSES``, else binary search (only won games are
+    logged). The opening player wins 64 numbers of 100: about 58 traces in 100 open with the wasted guess, so a
+    cloned policy opens with it (greedily, always) and wins at most 64 games in 100, in more turns than binary
+    search; binary search's traces, on every number, teach the better opening's whole game."""
+    opening = opening_search(number)
+    return opening if player < OPENING_SHARE and len(opening) <= MAX_GUESSES else binary_search(number)
+
+
 def guess_turn(low: int, high: int, guess: int) -> str:
     """A model turn of the worked strategy: the interval still open, then the guess."""
     return f"<think>{low}-{high}</think><answer>{guess}</answer>"
@@ -66,6 +89,12 @@ def read_guess(turn: str) -> int | None:
     if parsed is None or _INTEGER.fullmatch(parsed.answer) is None:
         return None
     return int(parsed.answer)
+
+
+def win_reward(turns: int) -> float:
+    """The world's reward for a win on guess ``turns``: 1.0 on the first, 1/7 on the seventh. Winning is what counts
+    (the verifier scores it); the world's share says that a game won in fewer guesses is played better."""
+    return (MAX_GUESSES - turns + 1) / MAX_GUESSES
 
 
 def reply(number: int, guess: int) -> str:
@@ -95,7 +124,7 @@ class GuessNumber:
         else:
             observation = reply(self.number, guess)
         won = guess == self.number
-        return Step(observation, reward=1.0 if won else 0.0, done=won or self.turns >= MAX_GUESSES)
+        return Step(observation, reward=win_reward(self.turns) if won else 0.0, done=won or self.turns >= MAX_GUESSES)
 
 
 def environment(example: Example) -> GuessNumber:
@@ -103,11 +132,11 @@ def environment(example: Example) -> GuessNumber:
 
 
 def generate(rng: random.Random, cfg: object) -> Example:
-    """One game with its binary-search trace; ``cfg`` is unused (a task module of your own has no ``task.<name>``
-    section of settings)."""
-    game, number = rng.randrange(_GAMES), rng.randint(LOW, HIGH)
+    """One game with its logged trace (``logged_search``); ``cfg`` is unused (a task module of your own has no
+    ``task.<name>`` section of settings)."""
+    game, number, player = rng.randrange(_GAMES), rng.randint(LOW, HIGH), rng.random()
     turns = []
-    for low, high, guess in binary_search(number):
+    for low, high, guess in logged_search(number, player):
         turns.append({"role": "assistant", "content": guess_turn(low, high, guess)})
         if guess != number:
             turns.append({"role": "user", "content": reply(number, guess)})
