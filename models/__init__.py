@@ -19,6 +19,7 @@ _HOMES = {
     "num_parameters": "models.roles",
     "resolve_device": "models.roles",
     "vocabulary_mismatch": "models.roles",
+    "student_of": "models.student",
     "build_tiny_llama": "models.tiny",
     "build_char_tokenizer": "models.tokenizer",
 }

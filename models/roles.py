@@ -78,12 +78,12 @@ def load_reference(path: str | Path, device: torch.device, dtype: torch.dtype = 
     return _frozen(load_policy(path, device, dtype))
 
 
-def load_critic(path: str | Path, device: torch.device) -> PreTrainedModel:
+def load_critic(path: str | Path, device: torch.device, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
     # No dropout before the value head (transformers' default is 0.1): the values that feed GAE and the value
     # clip must be the ones the update regresses, not a fresh random mask each pass.
     config = AutoConfig.from_pretrained(path, num_labels=1)
     config.classifier_dropout = 0.0
-    return AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32).to(device)
+    return AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=dtype).to(device)
 
 
 def load_reward_model(

@@ -6,6 +6,7 @@ same way on every machine, with no path of this one. A GGUF file is de-quantised
 model (``save_pretrained`` refuses a GGUF-loaded one, so its weights move into a fresh model of its config).
 """
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -128,8 +129,23 @@ class _Cursor:
 
 def gguf_architecture(path: Path) -> str | None:
     """The ``general.architecture`` the GGUF file at ``path`` (its header already checked) declares, None when it
-    declares none; read without the gguf package's reader, which takes seconds over a vocabulary.
-    ModelSourceError when the file ends before its tensors' data does."""
+    declares none. ModelSourceError when the file ends before its tensors' data does."""
+    architecture = gguf_metadata(path).get("general.architecture")
+    return architecture if isinstance(architecture, str) else None
+
+
+def gguf_metadata(path: Path) -> dict[str, object]:
+    """The metadata of the GGUF file at ``path`` (its header already checked), by key: strings and numbers as they
+    are, arrays as None (a vocabulary is skipped, not kept). Read without the gguf package's reader, which takes
+    seconds over a vocabulary, and once per process for the same file: validating params asks several times (the
+    base model's, the agent pipeline's, whether it has a chat template). ModelSourceError when the file ends before
+    its tensors' data does."""
+    stat = path.stat()
+    return _gguf_metadata(path.resolve(), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _gguf_metadata(path: Path, size: int, modified: int) -> dict[str, object]:
     from gguf import GGML_QUANT_SIZES
 
     with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
@@ -158,8 +174,7 @@ def gguf_architecture(path: Path) -> str | None:
             raise ModelSourceError(
                 f"the GGUF file is truncated: its tensors reach byte {end:,}, the file ends at {len(data):,}"
             )
-    architecture = metadata.get("general.architecture")
-    return architecture if isinstance(architecture, str) else None
+    return metadata
 
 
 def _gguf_architectures() -> frozenset[str]:
@@ -183,9 +198,7 @@ def has_chat_template(spec: str | None) -> bool:
         config = path / "tokenizer_config.json"
         in_config = config.is_file() and bool(json.loads(config.read_text()).get("chat_template"))
         return in_config or (path / "chat_template.jinja").is_file()
-    from gguf import GGUFReader  # reads the whole vocabulary: seconds, so only when a template is required
-
-    return "tokenizer.chat_template" in GGUFReader(path).fields
+    return "tokenizer.chat_template" in gguf_metadata(path)
 
 
 def load_source(spec: str) -> tuple["PreTrainedModel", "PreTrainedTokenizerBase"]:

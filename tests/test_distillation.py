@@ -7,9 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
 from flows.cli import main
 from models import build_char_tokenizer, build_tiny_llama, load_tokenizer
+from models.student import kept_layers, student_of
 from tasks.common.config import BaseConfig, ConfigError, Params
 from tasks.common.training import make_deterministic
 from tasks.data.problems import Example
@@ -154,3 +156,44 @@ def test_a_student_model_path_with_another_vocabulary_is_refused_when_params_loa
         load_params(Path(__file__).parents[1] / "params.yaml", [f"student_base.model_path={student}"])
     same = _sharp_model(tmp_path / "same", seed=2)
     assert load_params(Path(__file__).parents[1] / "params.yaml", [f"student_base.model_path={same}"])
+
+
+@pytest.mark.parametrize(("teacher_layers", "num_layers"), [(30, 14), (30, 15), (7, 3), (5, 5), (4, 1), (2, 2)])
+def test_a_student_from_the_teacher_keeps_evenly_spaced_layers_first_and_last(teacher_layers, num_layers):
+    keep = kept_layers(teacher_layers, num_layers)
+    assert len(keep) == len(set(keep)) == num_layers and keep == sorted(keep)
+    assert keep[0] == 0 and (num_layers == 1 or keep[-1] == teacher_layers - 1)
+    gaps = [b - a for a, b in zip(keep, keep[1:], strict=False)]
+    assert not gaps or max(gaps) - min(gaps) <= 1  # as even as whole layers allow
+
+
+def test_a_student_from_the_teacher_computes_the_teachers_kept_layers(tmp_path):
+    """The student made of layers 0 and 3 of a 4-layer teacher computes what the teacher's own modules do with only
+    those two layers, cached generation included (each layer finds its cache slot); every other weight is the
+    teacher's, and it saves and loads as a 2-layer model."""
+    tokenizer = build_char_tokenizer()
+    teacher = build_tiny_llama(
+        BaseConfig(hidden_size=32, num_layers=4, num_heads=2, intermediate_size=64), tokenizer, 3
+    )
+    teacher.save_pretrained(tmp_path / "teacher")
+    tokenizer.save_pretrained(tmp_path / "teacher")
+    student = student_of(tmp_path / "teacher", 2).eval()
+    ids = torch.tensor([tokenizer("12+34=46")["input_ids"]])
+    with torch.no_grad():
+        hidden = teacher.model.embed_tokens(ids)
+        positions = teacher.model.rotary_emb(hidden, torch.arange(ids.shape[1])[None])
+        mask = torch.full((ids.shape[1], ids.shape[1]), float("-inf")).triu(1)[None, None]
+        for index in (0, 3):
+            hidden = teacher.model.layers[index](hidden, attention_mask=mask, position_embeddings=positions)
+            hidden = hidden[0] if isinstance(hidden, tuple) else hidden
+        expected = teacher.lm_head(teacher.model.norm(hidden))
+        assert torch.allclose(student(ids).logits, expected, atol=1e-5)
+        cached = student.generate(ids, max_new_tokens=6, do_sample=False)
+        uncached = student.generate(ids, max_new_tokens=6, do_sample=False, use_cache=False)
+    assert torch.equal(cached, uncached)
+    student.save_pretrained(tmp_path / "student")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "student")
+    assert loaded.config.num_hidden_layers == 2
+    for name, tensor in loaded.state_dict().items():
+        source = name.replace("layers.1.", "layers.3.")
+        assert torch.equal(tensor, teacher.state_dict()[source]), name

@@ -17,6 +17,7 @@ from tasks.common.training import make_deterministic
 from tasks.data.prompts import BARE
 from tasks.rl.placement import AdapterReference, placed
 from tasks.rl.sequences import pack_text, response_logprobs
+from tasks.rl.workers import CriticWorker
 from tests.conftest import ENV, kill_at_first_checkpoint, make_project, tiny_model
 
 LORA = LoraConfig(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "down_proj"))
@@ -138,3 +139,27 @@ def test_bf16_weights_train_on_a_cpu(model_dir, one_thread):
         after = actor.logprobs(batch)
     mask = batch.response_mask.bool()
     assert torch.isfinite(after).all() and after[mask].mean() > before[mask].mean() + 0.1  # it learned the responses
+
+
+def test_a_critic_trains_as_the_actor_does_through_adapters_in_its_precision(model_dir, one_thread):
+    """PPO's critic with the stage's LoRA settings: only its adapters and value head train, its values come under
+    bf16 autocast, and an update moves them toward the returns; without adapters it trains whole, as before."""
+    make_deterministic(0)
+    batch = pack_text(load_tokenizer(model_dir), BARE, PROMPTS, RESPONSES)
+    returns = torch.ones(batch.response_mask.shape) * batch.response_mask
+    for lora, precision in ((LORA, "bf16-mixed"), (LoraConfig(), "fp32")):
+        cfg = replace(Params().ppo, lora=lora, precision=precision, minibatch_size=3, critic_lr=1e-2)
+        critic = CriticWorker(Params(seed=0, device="cpu"), cfg, model_dir)
+        trainable = {name for name, p in critic.model.named_parameters() if p.requires_grad}
+        if lora.rank:
+            assert trainable and all("lora_" in name or "score" in name for name in trainable)
+            assert any("score" in name for name in trainable)
+        else:
+            assert trainable == {name for name, _ in critic.model.named_parameters()}
+        before = critic.values(batch)
+        for _ in range(3):
+            critic.update(batch, before, returns)
+        after = critic.values(batch)
+        mask = batch.response_mask.bool()
+        assert torch.isfinite(after).all()
+        assert (after - returns)[mask].abs().mean() < (before - returns)[mask].abs().mean()

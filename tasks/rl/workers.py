@@ -40,8 +40,10 @@ from models.trainable import (
     compute_dtype,
     is_adapted,
     merged_state_dict,
+    prepared_for_training,
     save_model,
     trainable_policy,
+    weights_dtype,
 )
 from tasks.common.config import Params, RLConfig
 from tasks.common.distributed import SINGLE, Rank, full_state_dict, shard_in_place, training_state
@@ -375,10 +377,14 @@ class CriticWorker(_TrainedRole):
     def __init__(self, params: Params, cfg: RLConfig, model_dir: Path, rank: Rank = SINGLE):
         self.cfg = cfg
         make_deterministic(params.seed + 1)
-        self._build(load_critic(model_dir, resolve_device(params.device)), cfg.critic_lr, cfg, rank)
+        # trained as the actor is: in its precision, through adapters of its rank (the value head whole)
+        critic = load_critic(model_dir, resolve_device(params.device), weights_dtype(cfg.precision))
+        self._build(prepared_for_training(critic, cfg), cfg.critic_lr, cfg, rank)
 
     def _values(self, batch: PackedBatch) -> torch.Tensor:
-        return batch.response_logits(self.model(**batch.model_inputs()).logits).squeeze(-1).float()
+        with autocast(self.model, self.cfg.precision):
+            logits = self.model(**batch.model_inputs()).logits
+        return batch.response_logits(logits).squeeze(-1).float()
 
     @torch.no_grad()
     def values(self, batch: PackedBatch) -> torch.Tensor:

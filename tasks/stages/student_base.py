@@ -1,14 +1,22 @@
 """Stage `student_base`: the distillation student before training, smaller than the teacher, with its tokenizer.
 
 A tiny Llama of ``student_base``'s size, built from the seed with the tokenizer of the teacher
-(``distill.teacher``), or the model at ``student_base.model_path``, whose tokenizer must then be the
-teacher's: the teacher grades the student token by token, so a token id must mean the same to both. It logs
-the student's ``num_parameters`` and its fraction of the teacher's, and warns when it is not smaller.
+(``distill.teacher``); or, with ``from_teacher``, the teacher itself with ``num_layers`` of its decoder layers; or
+the model at ``student_base.model_path``, whose tokenizer must then be the teacher's: the teacher grades the student
+token by token, so a token id must mean the same to both. It logs the student's ``num_parameters`` and its fraction
+of the teacher's, and warns when it is not smaller.
 """
 
 import torch
 
-from models import build_tiny_llama, load_policy, load_tokenizer, num_parameters, vocabulary_mismatch
+from models import (
+    build_tiny_llama,
+    load_policy,
+    load_tokenizer,
+    num_parameters,
+    student_of,
+    vocabulary_mismatch,
+)
 from tasks.common.artifacts import atomic_output, model_dir
 from tasks.common.config import ConfigError
 from tasks.common.registry import StageRun
@@ -18,7 +26,13 @@ from tasks.common.tracking import stage_live
 def run(stage: StageRun) -> None:
     params, cfg, teacher = stage.params, stage.config, stage.inputs["teacher"]
     teacher_tokenizer = load_tokenizer(teacher)
-    if cfg.model_path is None:
+    if cfg.from_teacher:
+        tokenizer = teacher_tokenizer
+        try:
+            model = student_of(teacher, cfg.num_layers)
+        except ValueError as error:
+            raise ConfigError(f"student_base.num_layers: of the teacher's layers: {error}") from None
+    elif cfg.model_path is None:
         tokenizer = teacher_tokenizer
         model = build_tiny_llama(cfg, tokenizer, params.seed)
     else:

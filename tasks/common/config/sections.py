@@ -91,6 +91,16 @@ class BaseConfig(ModelSizeConfig):
     )
 
 
+@schema_section
+class StudentBaseConfig(BaseConfig):
+    from_teacher: bool = param(
+        False,
+        "Build the student from the teacher (distill.teacher), as DistilBERT was: num_layers of its decoder layers, "
+        "evenly spaced with the first and the last kept, and everything else, weights included, the teacher's. "
+        "The other size keys and model_path are then unused.",
+    )
+
+
 PRECISIONS = ("fp32", "bf16", "bf16-mixed")
 
 
@@ -427,8 +437,8 @@ class SupervisedSections:
         **_COLD_START,
     )
     sft_rs: SFTConfig = section(SFTConfig, "R1: SFT on the rejection-sampled data (each round).")
-    student_base: BaseConfig = section(
-        BaseConfig,
+    student_base: StudentBaseConfig = section(
+        StudentBaseConfig,
         "Distillation: the student before training, smaller than the teacher, with the teacher's tokenizer.",
         **_TINY_STUDENT,
     )
