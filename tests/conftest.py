@@ -27,8 +27,8 @@ if (_workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))) > 1:
 # The longest test files, longest first: under `pytest -n 2` a file runs whole on one process, and the file that
 # starts last sets when the run ends.
 LONGEST_FIRST = (
-    "test_retrain.py",
     "test_real_model.py",
+    "test_retrain.py",
     "test_r1_pipeline.py",
     "test_rlhf_pipeline.py",
     "test_flows.py",

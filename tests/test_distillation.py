@@ -197,3 +197,11 @@ def test_a_student_from_the_teacher_computes_the_teachers_kept_layers(tmp_path):
     for name, tensor in loaded.state_dict().items():
         source = name.replace("layers.1.", "layers.3.")
         assert torch.equal(tensor, teacher.state_dict()[source]), name
+
+
+def test_a_student_from_the_teacher_takes_no_model_path():
+    with pytest.raises(ConfigError, match="student_base.model_path: unused with student_base.from_teacher"):
+        load_params(
+            Path(__file__).parents[1] / "params.yaml",
+            ["student_base.from_teacher=true", "student_base.model_path=/models/student"],
+        )

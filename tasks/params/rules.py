@@ -10,17 +10,11 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
-from urllib.parse import urlsplit
-
-from cronsim import CronSim, CronSimError
-from dvc.config_schema import REMOTE_SCHEMAS
 
 from models.sources import has_chat_template, source_error
 from tasks.common.artifacts import USER_DATA
 from tasks.common.config import (
-    GATE_METRICS,
     DistillConfig,
     ModelSizeConfig,
     OnlineDPOConfig,
@@ -36,6 +30,7 @@ from tasks.common.registry import param_reference, param_value
 from tasks.common.registry_catalog import registry_entries
 from tasks.data.datasets import is_shard_of, shard_files
 from tasks.kinds import model_kinds, stage_kinds
+from tasks.params.operations_rules import operations_errors
 from tasks.params.training_rules import runs_on_gpu, training_errors
 
 
@@ -383,57 +378,7 @@ def cross_field_errors(params: Params) -> Iterator[str]:
     for key, path in preference_files.items():
         if path is not None and not Path(path).is_file():
             yield f"{key}: no file at {path!r}"
-    for metric, tolerance in params.retrain.guards.items():
-        if metric not in GATE_METRICS:
-            yield f"retrain.guards.{metric}: not a gate metric (one of {', '.join(GATE_METRICS)})"
-        elif not (math.isfinite(tolerance) and tolerance >= 0):
-            yield f"retrain.guards.{metric}: a tolerance must be a finite number >= 0, got {tolerance}"
-    yield from _operations_errors(params)
-
-
-def _operations_errors(params: Params) -> Iterator[str]:
-    """How pipelines run and store: Ray resources, schedules, the remote."""
-    from tasks.pipelines import PIPELINES  # the pipelines' names; flows imports tasks, not the other way, but here
-
-    if "default" not in params.runner.resources:
-        yield "runner.resources: needs a 'default' entry"
-    for pipeline, cron in params.runner.schedules.items():
-        if pipeline not in PIPELINES:
-            yield f"runner.schedules.{pipeline}: not a pipeline ({', '.join(PIPELINES)})"
-        try:
-            CronSim(cron, datetime.now())
-        except CronSimError as error:
-            yield f"runner.schedules.{pipeline}: not a cron expression: {cron!r} ({error})"
-    for name in schema_fields(Params):
-        parallel = getattr(getattr(params, name), "parallel", None)
-        for resource, amount in getattr(parallel, "resources_per_worker", {}).items():
-            key = f"{name}.parallel.resources_per_worker"
-            if not str(resource).strip():
-                yield f"{key}: a resource needs a name, got {resource!r}"
-            elif not (math.isfinite(amount) and amount > 0):
-                yield f"{key}.{resource}: an amount of a Ray resource must be a finite number > 0, got {amount}"
-    yield from _remote_errors(params.remote.url, params.remote.endpoint_url)
-
-
-# Remote URL schemes DVC supports (its config schema's own list): '' is a local path, 'remote' another remote.
-_REMOTE_SCHEMES = tuple(scheme for scheme in REMOTE_SCHEMAS if scheme not in ("", "remote"))
-
-
-def _remote_errors(url: str, endpoint_url: str | None) -> Iterator[str]:
-    """A remote is an absolute directory, ~/..., or a URL of a scheme DVC supports: anything else DVC would take as
-    a directory relative to the project, and push into it."""
-    parsed = urlsplit(url)
-    if "://" in url:
-        if parsed.scheme not in _REMOTE_SCHEMES or not (parsed.netloc or parsed.path.strip("/")):
-            yield f"remote.url: not a URL of a scheme DVC supports ({', '.join(_REMOTE_SCHEMES)}), got {url!r}"
-    elif not (url.startswith("~") or os.path.isabs(url)):
-        known = parsed.scheme in _REMOTE_SCHEMES
-        hint = f"; did you mean {parsed.scheme}://{url.split(':', 1)[1].lstrip('/')}?" if known else ""
-        yield f"remote.url: must be an absolute directory, ~/..., or a URL such as s3://bucket/path, got {url!r}{hint}"
-    if endpoint_url is not None:
-        endpoint = urlsplit(endpoint_url)
-        if endpoint.scheme not in ("http", "https") or not endpoint.netloc or any(c.isspace() for c in endpoint_url):
-            yield f"remote.endpoint_url: not an http(s):// URL, got {endpoint_url!r}"
+    yield from operations_errors(params)
 
 
 def cross_field_warnings(params: Params) -> Iterator[str]:
