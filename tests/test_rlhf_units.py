@@ -21,7 +21,7 @@ from tasks.rl.sequences import pack, pack_text, response_logprobs, shared_prompt
 from tasks.rl.trainer import alarms
 from tasks.rl.workers import ActorLoss, ActorWorker
 from tasks.rollout.engine import Sampling
-from tasks.rollout.hf_engine import HFEngine, sample_tokens
+from tasks.rollout.hf_engine import HFEngine, policy_engine, sample_tokens
 from tests.conftest import REPO, tiny_model
 
 CPU = torch.device("cpu")
@@ -167,6 +167,21 @@ def test_the_actors_own_engine_samples_in_the_compute_dtype(model_dir):
         hook = layer.register_forward_hook(lambda module, inputs, output, seen=seen: seen.append(output.dtype))
         actor.generate(["12+30="])
         actor.sample_current(["98-7="], Sampling(4, n=1, temperature=1.0), seed=0)
+        hook.remove()
+        assert seen and set(seen) == {expected}, (precision, set(seen))
+
+
+def test_a_stage_that_only_samples_computes_in_its_precision(model_dir):
+    """eval.precision (as preferences', rejection's and teacher_data's): bf16 loads the engine's model in bfloat16,
+    whose every pass computes in it; fp32, the default, in float32."""
+    for precision, expected in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        params = load_params(REPO / "params.yaml", [f"eval.precision={precision}", "device=cpu"])
+        new_tokens = ("eval.max_new_tokens", 4)
+        engine = policy_engine(params, model_dir, {}, new_tokens, precision=params.eval.precision)
+        seen: list[torch.dtype] = []
+        layer = engine.model.model.layers[0].self_attn.q_proj
+        hook = layer.register_forward_hook(lambda module, inputs, output, seen=seen: seen.append(output.dtype))
+        engine.generate(["12+30=", "98-7="], Sampling(4, n=2, temperature=1.0))
         hook.remove()
         assert seen and set(seen) == {expected}, (precision, set(seen))
 

@@ -216,8 +216,10 @@ def test_bf16_on_a_gpu_without_it_is_refused_naming_the_key(project, capsys, mon
     """A GPU older than compute capability 8.0 (none here: torch is told so) has no bfloat16."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
-    assert main(["stage", "data", "device=cuda", "grpo.precision=bf16-mixed"]) == 2
-    assert "grpo.precision: bf16-mixed needs bfloat16, which this GPU lacks" in capsys.readouterr().err
+    assert main(["stage", "data", "device=cuda", "grpo.precision=bf16-mixed", "eval.precision=bf16"]) == 2
+    err = capsys.readouterr().err
+    assert "grpo.precision: bf16-mixed needs bfloat16, which this GPU lacks" in err
+    assert "eval.precision: bf16 needs bfloat16, which this GPU lacks" in err
     assert _produced(project) == []
 
 

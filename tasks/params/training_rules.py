@@ -1,5 +1,6 @@
 """The rules of how stages train their models (``ModelTrainingConfig``: precision, gradient checkpointing, LoRA)
-that no single field states: checked with the other cross-field rules, before any stage runs."""
+and sample with them (``InferenceConfig``'s precision) that no single field states: checked with the other
+cross-field rules, before any stage runs."""
 
 from __future__ import annotations
 
@@ -8,19 +9,27 @@ from collections.abc import Iterator
 
 from models import ALL_LINEAR
 from models.sources import gguf_architecture, resolve_source, source_error
-from tasks.common.config import BaseConfig, ModelTrainingConfig, Params, RLConfig
+from tasks.common.config import BaseConfig, InferenceConfig, ModelTrainingConfig, Params, RLConfig
 from tasks.common.config.fields import schema_fields
+
+PRECISE_SECTIONS = (ModelTrainingConfig, InferenceConfig)  # the sections with a precision
 
 
 def training_errors(params: Params) -> Iterator[str]:
     for name, info in schema_fields(Params).items():
-        if isinstance(info.annotation, type) and issubclass(info.annotation, ModelTrainingConfig):
-            yield from _section_errors(name, getattr(params, name), params)
+        if not (isinstance(info.annotation, type) and issubclass(info.annotation, PRECISE_SECTIONS)):
+            continue
+        cfg = getattr(params, name)
+        if cfg.precision != "fp32" and not _device_runs_bf16(params.device):
+            yield (
+                f"{name}.precision: {cfg.precision} needs bfloat16, which this GPU lacks (compute capability < 8.0); "
+                "fp32"
+            )
+        if isinstance(cfg, ModelTrainingConfig):
+            yield from _adapter_errors(name, cfg, params)
 
 
-def _section_errors(name: str, cfg: ModelTrainingConfig, params: Params) -> Iterator[str]:
-    if cfg.precision != "fp32" and not _device_runs_bf16(params.device):
-        yield f"{name}.precision: {cfg.precision} needs bfloat16, which this GPU lacks (compute capability < 8.0); fp32"
+def _adapter_errors(name: str, cfg: ModelTrainingConfig, params: Params) -> Iterator[str]:
     if not cfg.lora.rank:
         return
     if cfg.parallel.strategy == "fsdp" and cfg.parallel.num_workers > 1:

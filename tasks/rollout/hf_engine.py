@@ -7,6 +7,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from models import context_length, load_policy, load_tokenizer, resolve_device
+from models.trainable import compute_dtype
 from tasks.common.config import Params
 from tasks.data.datasets import check_prompt_lengths
 from tasks.data.problems import Example
@@ -142,13 +143,14 @@ def policy_engine(
     prompts: dict[Path, list[Example]],
     new_tokens: tuple[str, int],
     batch_size: int | None = None,
+    precision: str = "fp32",
 ) -> HFEngine:
-    """An engine sampling from the model in ``model_dir`` on params' device in its prompt format (``batch_size``
-    prompts at a time, eval.batch_size by default), once the ``prompts`` of each source file are checked to fit the
-    model with the stage's ``new_tokens`` (key, value) to spare."""
+    """An engine sampling from the model in ``model_dir`` on params' device in its prompt format and ``precision``'s
+    dtype (``batch_size`` prompts at a time, eval.batch_size by default), once the ``prompts`` of each source file are
+    checked to fit the model with the stage's ``new_tokens`` (key, value) to spare."""
     tokenizer, prompt_format = load_tokenizer(model_dir), PromptFormat.of(params.task)
     positions, limit = context_length(model_dir), params.sft.max_prompt_length
     for source, examples in prompts.items():
         check_prompt_lengths(examples, tokenizer, prompt_format, source, limit, positions, new_tokens)
-    model = load_policy(model_dir, resolve_device(params.device))
+    model = load_policy(model_dir, resolve_device(params.device), compute_dtype(precision))
     return HFEngine(model, tokenizer, batch_size or params.eval.batch_size, prompt_format)

@@ -69,7 +69,7 @@ def run(stage: StageRun) -> None:
         policy = stage.inputs["policy"]
         new_tokens = ("preferences.max_new_tokens", cfg.max_new_tokens)
         checked = {data / f"{split}.jsonl": prompts[split] for split in to_sample}
-        engine = policy_engine(params, policy, checked, new_tokens)
+        engine = policy_engine(params, policy, checked, new_tokens, precision=cfg.precision)
         for split in to_sample:
             splits[split] = judged_pairs(engine, prompts[split], cfg, rng)
 

@@ -66,7 +66,7 @@ def sample_and_verify(
     keep the accepted ones as SFT rows; returns them and the statistics (``accepted``, ``acceptance_rate``,
     ``acceptance_rate_by_difficulty/<label>``). ``section`` names cfg's keys in errors."""
     new_tokens = (f"{section}.max_new_tokens", cfg.max_new_tokens)
-    engine = policy_engine(params, policy, {source: prompts}, new_tokens)
+    engine = policy_engine(params, policy, {source: prompts}, new_tokens, precision=cfg.precision)
     sampling = Sampling(cfg.max_new_tokens, n=cfg.samples_per_prompt, temperature=cfg.temperature)
     responses = _sampled(params, engine, policy, prompts, sampling)
 

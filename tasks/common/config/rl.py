@@ -6,6 +6,7 @@ from typing import Annotated
 
 from tasks.common.config.fields import OneOf, Weight, mapping, param, schema_section, section
 from tasks.common.config.sections import (
+    InferenceConfig,
     ModelTrainingConfig,
     ParallelConfig,
     PreferenceLossConfig,
@@ -297,7 +298,7 @@ DISTILL = GRPO | {
 
 
 @schema_section
-class RejectionSamplingConfig(SamplingConfig):
+class RejectionSamplingConfig(InferenceConfig):
     """Sample N responses per training prompt from a policy, keep the verified ones
     (``tasks/stages/rejection_sampling.py``)."""
 

@@ -222,7 +222,19 @@ class SamplingConfig:
 
 
 @schema_section
-class EvalConfig(SamplingConfig):
+class InferenceConfig(SamplingConfig):
+    """Sampling by a stage that only runs a model (evaluation, preference pairs, rejection sampling), in a dtype of
+    its own: the RL stages' engines sample in their training precision's."""
+
+    precision: Annotated[str, OneOf(("fp32", "bf16"))] = param(
+        "fp32",
+        "The dtype the model samples in: fp32 (bit-exact on CPU) or bf16 (the RL engines' and vLLM's dtype under a "
+        "bf16 precision; faster where the CPU or GPU computes in bfloat16).",
+    )
+
+
+@schema_section
+class EvalConfig(InferenceConfig):
     k: int = param(8, "Samples per prompt for pass@k.", ge=1)
     batch_size: int = param(256, "Prompts per generation batch.", ge=1)
 
@@ -272,7 +284,7 @@ class JudgeConfig:
 
 
 @schema_section
-class PreferencesConfig(SamplingConfig):
+class PreferencesConfig(InferenceConfig):
     policy: str = param(
         "sft_cold",
         "The model whose responses are sampled and judged: PPO's start (ppo.init), so the reward model learns to "
