@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from flows import warm_runner
 from flows.fingerprints import refresh_fingerprints
 from tasks.common.registry import usage_name
 from tasks.kinds import stage_kinds
@@ -275,7 +276,8 @@ def _repro(args: argparse.Namespace) -> int:
     _check_user_data(params)
     _stick("params.yaml", args.overrides)
     refresh_fingerprints(params, Path.cwd())  # DVC then sees a model source's new bytes behind the same name
-    status = dvc_main(["repro", *targets])
+    with warm_runner.started():  # the stages DVC runs skip the imports a stage process would pay
+        status = dvc_main(["repro", *targets])
     if status == 0 and params.remote.push:
         from flows.remote import push
 

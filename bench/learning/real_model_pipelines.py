@@ -8,6 +8,7 @@ difference on the same held-out problems. The runs follow each other, never side
 machine's cores).
 
     .venv/bin/python -m bench.learning.real_model_pipelines PIPELINE [--seeds 0 1 2] [--out DIR] [KEY=VALUE ...]
+    .venv/bin/python -m bench.learning.real_model_pipelines PIPELINE --seeds S --in-project DIR --out DIR2
 """
 
 import argparse
@@ -44,12 +45,15 @@ STARTS = {
 
 
 def repro(project: Path, pipeline: str, overrides: list[str]) -> tuple[float, dict[str, float]]:
-    """Clone this repo to ``project`` and run ``alignflow repro pipeline`` there: its seconds, and each stage's."""
-    subprocess.run(["git", "clone", "--quiet", str(REPO), str(project)], check=True)
+    """Run ``alignflow repro pipeline`` in ``project`` (a clone of this repo made there first unless it is one
+    already): its seconds, and each stage's (the stages DVC runs: an earlier pipeline's are skipped)."""
+    if not project.exists():
+        subprocess.run(["git", "clone", "--quiet", str(REPO), str(project)], check=True)
     command = ["alignflow", "repro", pipeline, "@examples/smollm2.args", *overrides]
     started = time.perf_counter()
     stages, current, since = {}, None, started
-    with open(project / "repro.log", "w") as log:
+    log_file = project / f"repro-{pipeline}.log"
+    with open(log_file, "w") as log:
         process = subprocess.Popen(command, cwd=project, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         for raw in process.stdout:
             line = raw.decode(errors="replace")
@@ -61,7 +65,7 @@ def repro(project: Path, pipeline: str, overrides: list[str]) -> tuple[float, di
                 current = line.split("'")[1] if line.startswith("Running") else None
                 since = now
         if process.wait() != 0:
-            raise SystemExit(f"{pipeline} failed in {project}: see {project / 'repro.log'}")
+            raise SystemExit(f"{pipeline} failed in {project}: see {log_file}")
     return time.perf_counter() - started, stages
 
 
@@ -113,12 +117,19 @@ def main() -> None:
     parser.add_argument("pipeline", choices=PIPELINES)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--out", type=Path, default=None, help="where the clones stay (default: a new temp dir)")
+    parser.add_argument(
+        "--in-project",
+        type=Path,
+        help="run in this project (one seed), e.g. another pipeline's clone: the stages they share are not rerun",
+    )
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE params on top of examples/smollm2.args")
     args = parser.parse_args()
+    if args.in_project is not None and len(args.seeds) > 1:
+        parser.error("--in-project runs one seed")
     out = args.out or Path(tempfile.mkdtemp(prefix="real-pipelines-"))
     results = []
     for seed in args.seeds:
-        project = out / f"{args.pipeline}_seed{seed}"
+        project = args.in_project or out / f"{args.pipeline}_seed{seed}"
         seconds, stages = repro(project, args.pipeline, [f"seed={seed}", *args.overrides])
         table = summary(evaluations(project, args.pipeline))
         results.append({"pipeline": args.pipeline, "seed": seed, "seconds": round(seconds, 1), "stages": stages})

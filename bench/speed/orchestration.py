@@ -71,10 +71,13 @@ from tasks.pipelines import PIPELINES
 REPO = Path(__file__).resolve().parents[1]
 # Ray enables token authentication by default (the token in ~/.ray/auth_token), but a client joining a cluster by
 # address only presents it when told to: without this the prefect leg's join of the `ray start` cluster is refused.
+# Every leg's stages run as processes of their own (no warm runner under `alignflow repro`: its forked stages are not
+# `alignflow stage` processes the watcher could time); bench.speed.warm_runner measures what the runner saves.
 ENV = {
     **os.environ,
     "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     "RAY_AUTH_MODE": "token",
+    "ALIGNFLOW_WARM_RUNNER": "off",
 }
 PIPELINE = "sft"
 FIELDS = ("wall", "stage_wall", "cpu_during_stages", "before_first", "after_last")

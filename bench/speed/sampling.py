@@ -12,6 +12,10 @@
   directory without an end-of-sequence token, so both engines generate exactly ``--max-new-tokens`` tokens for
   every completion (checked). Engine start-up is not timed. HF runs first, because an in-process vLLM engine turns
   ``torch.set_num_threads`` into a no-op for the rest of the process.
+- ``--against precision``: the eval stage's two passes (greedy pass@1 and one sample per prompt, 200 held-out
+  prompts x 40 new tokens) over SmolLM2 after its cold start (``examples/smollm2.args``; built in a scratch clone
+  unless ``--project`` names such a project), through the engine ``policy_engine`` gives the eval stage, in fp32
+  and in bf16 (``eval.precision``).
 - ``--model-config DIR`` (on a GPU: SmolLM2's config.json and tokenizer files, random weights, as ``bench.trl.grpo
   --model-config``): where an adapted SmolLM2's sampling time goes, one rollout of 16 prompts x 8, 40 new tokens,
   through the engine over the PEFT model (with and without deterministic algorithms) and over a plain model, and
@@ -22,6 +26,7 @@ reported.
 
     .venv/bin/python -m bench.speed.sampling [--project DIR] [--repeats 5]
     .venv/bin/python -m bench.speed.sampling --against vllm [--prompts 256] [--n 2] [--max-new-tokens 32]
+    .venv/bin/python -m bench.speed.sampling --against precision [--project DIR] [--repeats 2]
     python -m bench.speed.sampling --model-config DIR    # on the lent GPU machine: PYTHONPATH as bench/gpu/run.sh sets
 """
 
@@ -44,10 +49,11 @@ from models import build_char_tokenizer, build_tiny_llama, load_policy, load_tok
 from models.trainable import prepared_for_training
 from tasks.common.config import ArithmeticConfig, BaseConfig, LoraConfig, Params
 from tasks.data.datasets import read_examples
-from tasks.data.problems import arithmetic
+from tasks.data.problems import arithmetic, score_response
 from tasks.data.prompts import BARE, PromptFormat
+from tasks.params.load import load_params
 from tasks.rollout.engine import Sampling
-from tasks.rollout.hf_engine import HFEngine
+from tasks.rollout.hf_engine import HFEngine, policy_engine
 
 WORKLOADS = {
     "GRPO rollout, 32 prompts x 8": (32, Sampling(64, n=8)),
@@ -128,6 +134,38 @@ def against_generate(project: Path | None, repeats: int) -> None:
             f"{name:<32}{medians['generate']:>9.3f}s{medians['engine']:>9.3f}s"
             f"{medians['generate'] / medians['engine']:>9.2f}x{length:>20.1f}"
         )
+
+
+def against_precision(project: Path | None, repeats: int) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        project = project or cold_start_project(Path(scratch) / "project", ["@examples/smollm2.args"])
+        params = load_params(project / "params.yaml")
+        test_file = project / "artifacts/data/test.jsonl"
+        examples = read_examples(test_file)
+        new_tokens = ("eval.max_new_tokens", params.eval.max_new_tokens)
+        engines = {
+            precision: policy_engine(
+                params, project / "artifacts/sft_cold", {test_file: examples}, new_tokens, precision=precision
+            )
+            for precision in ("fp32", "bf16")
+        }
+    prompts = [e.prompt for e in examples]
+    greedy = Sampling(params.eval.max_new_tokens, greedy=True)
+    sampled = Sampling(params.eval.max_new_tokens, n=1, temperature=params.eval.temperature)
+    medians, results = measure(
+        {p: lambda e=e: (e.generate(prompts, greedy), e.generate(prompts, sampled)) for p, e in engines.items()},
+        repeats,
+    )
+    print(
+        f"SmolLM2 after sft_cold; {len(prompts)} prompts, greedy then one sample each; torch threads "
+        f"{torch.get_num_threads()}; median of {repeats}"
+    )
+    print(f"{'precision':<10}{'seconds':>10}{'tokens/s':>10}{'greedy pass@1':>15}")
+    for precision, (greedy_rows, sampled_rows) in results.items():
+        tokens = sum(len(c.token_ids) for c in greedy_rows + sampled_rows)
+        passed = sum(score_response(examples[c.prompt_index], c.text)[1] for c in greedy_rows) / len(greedy_rows)
+        print(f"{precision:<10}{medians[precision]:>9.1f}s{tokens / medians[precision]:>10.0f}{passed:>15.3f}")
+    print(f"bf16 speed-up: {medians['fp32'] / medians['bf16']:.2f}x")
 
 
 def save_model(path: Path) -> int:
@@ -222,8 +260,8 @@ def on_a_gpu(model_config: Path, repeats: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--against", choices=("generate", "vllm"), default="generate")
-    parser.add_argument("--repeats", type=int, help="timed calls of each (default: 5; against vllm 3; on a GPU 2)")
+    parser.add_argument("--against", choices=("generate", "vllm", "precision"), default="generate")
+    parser.add_argument("--repeats", type=int, help="timed calls of each (default 5; vllm 3; precision, GPU 2)")
     parser.add_argument("--project", type=Path, help="a project with artifacts/sft_cold (default: build one)")
     parser.add_argument("--model-config", type=Path, help="on a GPU: SmolLM2's config.json and tokenizer files")
     vllm = parser.add_argument_group("against vllm")
@@ -234,6 +272,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.model_config is not None:
         on_a_gpu(args.model_config, args.repeats or 2)
+    elif args.against == "precision":
+        against_precision(args.project, args.repeats or 2)
     elif args.against == "vllm":
         against_vllm(args.prompts, args.n, args.max_new_tokens, args.repeats or 3, args.hf_batch_size)
     else:

@@ -1,0 +1,96 @@
+"""The warm stage runner (``flows/warm_runner.py``): a stage it forks writes the bits a stage process of its own
+writes, says what it would say and exits as it would; a stage whose environment the runner's imports cannot honour
+runs cold; a killed command takes its stage with it."""
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from flows import warm_runner
+from tests.conftest import ENV, lock_entries, make_project
+
+STAGES = ("data", "base", "sft")
+
+
+def wait_ready(log: Path) -> None:
+    deadline = time.monotonic() + 120
+    while "ready" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "ready" in log.read_text(), log.read_text()
+
+
+def served(log: Path) -> list[str]:
+    """The runner's log: ``<pid> alignflow stage ...`` for each stage it forked, ``cold ...`` for each it refused."""
+    return [line for line in log.read_text().splitlines() if line != "ready"]
+
+
+def stage(project: Path, *argv: str, **env: str) -> subprocess.CompletedProcess:
+    environment = {**ENV, warm_runner.ENV_VAR: os.environ[warm_runner.ENV_VAR], **env}
+    return subprocess.run(["alignflow", "stage", *argv], cwd=project, env=environment, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def runner():
+    with warm_runner.started() as log:
+        wait_ready(Path(log))
+        yield Path(log)
+
+
+def test_stages_forked_by_the_runner_write_the_bits_of_stage_processes_of_their_own(runner, uninterrupted, tmp_path):
+    project = make_project(tmp_path / "warm")
+    for name in STAGES:
+        result = stage(project, name)
+        assert result.returncode == 0, result.stderr
+    forked = [line.split(" ", 1) for line in served(runner)[-3:]]
+    assert [(pid.isdigit(), command) for pid, command in forked] == [(True, f"alignflow stage {n}") for n in STAGES]
+    assert (project / "artifacts/sft/model.safetensors").read_bytes() == uninterrupted["weights"]
+
+
+def test_a_refused_stage_says_why_and_exits_as_a_cold_one_does(runner, tmp_path):
+    project = make_project(tmp_path / "refused")
+    result = stage(project, "sft", "sft.lr=-1")
+    assert result.returncode == 2
+    assert "sft.lr" in result.stderr
+    pid, command = served(runner)[-1].split(" ", 1)
+    assert pid.isdigit() and command == "alignflow stage sft sft.lr=-1"
+
+
+def test_a_stage_whose_thread_settings_differ_from_the_runners_runs_cold(runner, tmp_path):
+    project = make_project(tmp_path / "cold")
+    result = stage(project, "data", OMP_NUM_THREADS="1")
+    assert result.returncode == 0, result.stderr
+    assert served(runner)[-1] == "cold alignflow stage data"
+    assert (project / "artifacts/data/train.jsonl").is_file()
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_a_command_killed_or_terminated_takes_its_stage_with_it(runner, tmp_path, how):
+    project = make_project(tmp_path / "killed", ("sft.max_steps=100000",))
+    for name in ("data", "base"):
+        assert stage(project, name).returncode == 0
+    environment = {**ENV, warm_runner.ENV_VAR: os.environ[warm_runner.ENV_VAR]}
+    command = subprocess.Popen(["alignflow", "stage", "sft"], cwd=project, env=environment)
+    deadline = time.monotonic() + 60
+    while not served(runner)[-1].endswith("alignflow stage sft") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pid = int(served(runner)[-1].split()[0])
+    time.sleep(2)  # into its steps
+    command.send_signal(how)
+    assert command.wait(timeout=60) == -how  # the command dies of what killed it: DVC sees what a cold stage shows
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists(), f"the stage {pid} outlived its command"
+    assert not (project / "artifacts/sft").exists()
+
+
+def test_alignflow_repro_runs_its_stages_warm_to_the_cold_runs_lock(uninterrupted, tmp_path):
+    project = make_project(tmp_path / "repro")
+    result = subprocess.run(["alignflow", "repro", "sft"], cwd=project, env=ENV, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    outs = {name: entry.get("outs") for name, entry in lock_entries(project).items()}
+    assert outs == {name: entry.get("outs") for name, entry in uninterrupted["lock"].items()}
