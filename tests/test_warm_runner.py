@@ -13,6 +13,7 @@ import pytest
 from flows import warm_runner
 from tests.conftest import ENV, lock_entries, make_project
 
+pytestmark = pytest.mark.slow
 STAGES = ("data", "base", "sft")
 
 
