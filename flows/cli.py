@@ -149,7 +149,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _quiet_libraries() -> None:
+def quiet_libraries() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from transformers.utils import logging as transformers_logging
@@ -202,7 +202,7 @@ def _run_stage(args: argparse.Namespace) -> None:
     from tasks.params.load import load_params
 
     parse_stage_name(args.name)
-    _quiet_libraries()  # before anything imports huggingface_hub, which reads HF_HUB_OFFLINE once, at import
+    quiet_libraries()  # before anything imports huggingface_hub, which reads HF_HUB_OFFLINE once, at import
     params = load_params(args.params, args.overrides)
     if args.overrides:
         _check_user_data(params)  # a bad row of your own is refused before the overrides that name it stick
