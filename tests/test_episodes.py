@@ -402,7 +402,7 @@ def test_rejection_sampling_keeps_an_accepted_episodes_turns_as_the_next_sfts_tr
     example = replace(EXAMPLES[0], task="toolbox_task")
     # two episodes of the one prompt: a tool call then the right answer, and a wrong answer at once
     scripted = Scripted(build_char_tokenizer(), [(call("add", '{"a": 12, "b": 34}'), "45"), "46"])
-    monkeypatch.setattr(rejection, "policy_engine", lambda *args: scripted)
+    monkeypatch.setattr(rejection, "policy_engine", lambda *args, **kwargs: scripted)
     cfg = RejectionSamplingConfig(samples_per_prompt=2, max_new_tokens=64)
     params = replace(Params(), agent=replace(Params().agent, max_total_tokens=4096))
     kept, statistics = rejection.sample_and_verify(params, cfg, "rejection", None, [example], "rows.jsonl")

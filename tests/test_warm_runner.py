@@ -30,7 +30,9 @@ def served(log: Path) -> list[str]:
 
 
 def stage(project: Path, *argv: str, **env: str) -> subprocess.CompletedProcess:
-    environment = {**ENV, warm_runner.ENV_VAR: os.environ[warm_runner.ENV_VAR], **env}
+    # this process's environment as it is now, as the runner was started with it (a test before may have set a
+    # variable in it, as an in-process `alignflow stage` sets HF_HUB_OFFLINE), on ENV's PATH
+    environment = {**os.environ, "PATH": ENV["PATH"], **env}
     return subprocess.run(["alignflow", "stage", *argv], cwd=project, env=environment, capture_output=True, text=True)
 
 
@@ -73,7 +75,7 @@ def test_a_command_killed_or_terminated_takes_its_stage_with_it(runner, tmp_path
     project = make_project(tmp_path / "killed", ("sft.max_steps=100000",))
     for name in ("data", "base"):
         assert stage(project, name).returncode == 0
-    environment = {**ENV, warm_runner.ENV_VAR: os.environ[warm_runner.ENV_VAR]}
+    environment = {**os.environ, "PATH": ENV["PATH"]}
     command = subprocess.Popen(["alignflow", "stage", "sft"], cwd=project, env=environment)
     deadline = time.monotonic() + 60
     while not served(runner)[-1].endswith("alignflow stage sft") and time.monotonic() < deadline:
