@@ -111,7 +111,8 @@ def run_warm(argv: list[str]) -> int | None:
     payload = json.dumps(request).encode()
     message = HEADER.pack(len(payload)) + payload
     sent = socket.send_fds(connection, [message], [0, 1, 2])
-    connection.sendall(message[sent:])
+    if sent < len(message):  # even an empty send fails once a runner that refused the stage has closed its end
+        connection.sendall(message[sent:])
     if read_exactly(connection, 1) != b"w":
         connection.close()
         return None
