@@ -51,9 +51,7 @@ def serve(path: str) -> None:
         (size,) = HEADER.unpack(message[: HEADER.size])
         payload = message[HEADER.size :] + read_exactly(connection, size - len(message) + HEADER.size)
         request = json.loads(payload)
-        warm = request["prefix"] == sys.prefix and import_time_environment(request["env"]) == import_time_environment(
-            environment
-        )
+        warm = _forks_as_cold(request, environment)
         if warm and os.fork() == 0:
             listener.close()
             _session(connection, request, fds)  # raises SystemExit in the stage's process, exits in the session's
@@ -64,6 +62,13 @@ def serve(path: str) -> None:
         for fd in fds:
             os.close(fd)
         assert os.getpid() == runner
+
+
+def _forks_as_cold(request: dict, environment: dict[str, str]) -> bool:
+    """Whether a stage forked from this runner would run as the request's own process would: the same Python
+    environment, and the same values of what the imported libraries read from the environment once."""
+    same_imports = import_time_environment(request["env"]) == import_time_environment(environment)
+    return request["prefix"] == sys.prefix and same_imports
 
 
 def _session(connection: socket.socket, request: dict, fds: list[int]) -> None:

@@ -53,6 +53,11 @@ def project(tmp_path, monkeypatch) -> Path:
     return tmp_path
 
 
+def produced(project: Path) -> list[str]:
+    """What a stage left in ``project`` besides its params, its data/ and a bad.jsonl a test wrote there."""
+    return sorted(p.name for p in project.iterdir() if p.name not in ("params.yaml", "bad.jsonl", "data"))
+
+
 TINY = [line for line in (REPO / "examples/tiny.args").read_text().splitlines() if line and line[0] != "#"]
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 

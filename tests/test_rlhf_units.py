@@ -176,8 +176,7 @@ def test_a_stage_that_only_samples_computes_in_its_precision(model_dir):
     whose every pass computes in it; fp32, the default, in float32."""
     for precision, expected in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
         params = load_params(REPO / "params.yaml", [f"eval.precision={precision}", "device=cpu"])
-        new_tokens = ("eval.max_new_tokens", 4)
-        engine = policy_engine(params, model_dir, {}, new_tokens, precision=params.eval.precision)
+        engine = policy_engine(params, model_dir, {}, "eval")
         seen: list[torch.dtype] = []
         layer = engine.model.model.layers[0].self_attn.q_proj
         hook = layer.register_forward_hook(lambda module, inputs, output, seen=seen: seen.append(output.dtype))

@@ -52,10 +52,12 @@ def model_dir(tmp_path_factory):
 def test_a_stage_whose_max_new_tokens_cannot_hold_the_worked_solutions_warns_naming_the_key(model_dir, capsys):
     """eval.max_new_tokens=20 took pass@1 from 1.000 to 0.270 and said nothing."""
     params = replace(PARAMS, device="cpu")
-    policy_engine(params, model_dir, {"test.jsonl": TEST}, ("eval.max_new_tokens", 20))
+    policy_engine(
+        replace(params, eval=replace(params.eval, max_new_tokens=20)), model_dir, {"test.jsonl": TEST}, "eval"
+    )
     warning = capsys.readouterr().err
     assert "eval.max_new_tokens=20: 4 of the 4 worked solutions in test.jsonl (100%" in warning, warning
     assert "responses will be cut off" in warning
 
-    policy_engine(params, model_dir, {"test.jsonl": TEST}, ("eval.max_new_tokens", PARAMS.eval.max_new_tokens))
+    policy_engine(params, model_dir, {"test.jsonl": TEST}, "eval")
     assert "max_new_tokens" not in capsys.readouterr().err

@@ -142,10 +142,12 @@ def against_precision(project: Path | None, repeats: int) -> None:
         params = load_params(project / "params.yaml")
         test_file = project / "artifacts/data/test.jsonl"
         examples = read_examples(test_file)
-        new_tokens = ("eval.max_new_tokens", params.eval.max_new_tokens)
         engines = {
             precision: policy_engine(
-                params, project / "artifacts/sft_cold", {test_file: examples}, new_tokens, precision=precision
+                replace(params, eval=replace(params.eval, precision=precision)),
+                project / "artifacts/sft_cold",
+                {test_file: examples},
+                "eval",
             )
             for precision in ("fp32", "bf16")
         }

@@ -157,7 +157,7 @@ def pass_at_1(project: Path, model: Path) -> float:
     from tasks.stages.eval import greedy_responses
 
     params = load_params(project / "params.yaml")
-    engine = policy_engine(params, model, {}, ("eval.max_new_tokens", params.eval.max_new_tokens))
+    engine = policy_engine(params, model, {}, "eval")
     examples = read_examples(project / "artifacts/data/test.jsonl")[:HELD_OUT]
     return greedy_responses(engine, examples, params.eval.max_new_tokens)[1][:, 1].float().mean().item()
 

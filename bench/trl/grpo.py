@@ -204,7 +204,7 @@ def greedy_verdicts(project: Path, model: Path, params, limit: int | None) -> li
     from tasks.rollout.hf_engine import policy_engine
     from tasks.stages.eval import greedy_responses
 
-    engine = policy_engine(params, model, {}, ("eval.max_new_tokens", params.eval.max_new_tokens))
+    engine = policy_engine(params, model, {}, "eval")
     examples = read_examples(project / "artifacts/data/test.jsonl")[:limit]
     return greedy_responses(engine, examples, params.eval.max_new_tokens)[1][:, 1].tolist()
 

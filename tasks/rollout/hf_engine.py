@@ -141,16 +141,18 @@ def policy_engine(
     params: Params,
     model_dir: Path,
     prompts: dict[Path, list[Example]],
-    new_tokens: tuple[str, int],
+    section: str,
     batch_size: int | None = None,
-    precision: str = "fp32",
 ) -> HFEngine:
-    """An engine sampling from the model in ``model_dir`` on params' device in its prompt format and ``precision``'s
-    dtype (``batch_size`` prompts at a time, eval.batch_size by default), once the ``prompts`` of each source file are
-    checked to fit the model with the stage's ``new_tokens`` (key, value) to spare."""
+    """An engine sampling from the model in ``model_dir`` on params' device, in its prompt format and in the dtype of
+    the params ``section``'s precision (an ``InferenceConfig``: eval, preferences, ...), ``batch_size`` prompts at a
+    time (eval.batch_size by default), once the ``prompts`` of each source file are checked to fit the model with the
+    section's ``max_new_tokens`` to spare."""
+    cfg = getattr(params, section)
+    new_tokens = (f"{section}.max_new_tokens", cfg.max_new_tokens)
     tokenizer, prompt_format = load_tokenizer(model_dir), PromptFormat.of(params.task)
     positions, limit = context_length(model_dir), params.sft.max_prompt_length
     for source, examples in prompts.items():
         check_prompt_lengths(examples, tokenizer, prompt_format, source, limit, positions, new_tokens)
-    model = load_policy(model_dir, resolve_device(params.device), compute_dtype(precision))
+    model = load_policy(model_dir, resolve_device(params.device), compute_dtype(cfg.precision))
     return HFEngine(model, tokenizer, batch_size or params.eval.batch_size, prompt_format)

@@ -34,10 +34,7 @@ def run(stage: StageRun) -> None:
     make_deterministic(params.seed)
     policy, test_file = stage.inputs["policy"], stage.inputs["data"] / "test.jsonl"
     examples = read_examples(test_file)
-    new_tokens = ("eval.max_new_tokens", evaluation.max_new_tokens)
-    engine = policy_engine(
-        params, policy, {test_file: examples}, new_tokens, evaluation.batch_size, evaluation.precision
-    )
+    engine = policy_engine(params, policy, {test_file: examples}, "eval", evaluation.batch_size)
     sampling = Sampling(evaluation.max_new_tokens, n=cfg.max_n, temperature=evaluation.temperature)
     sampled = engine.generate([e.prompt for e in examples], sampling)  # max_n rows per prompt, prompt by prompt
     # the ensemble combined as PPO combines it

@@ -112,8 +112,7 @@ def evaluate_model(
     cfg = getattr(params, section)
     test_file = data / "test.jsonl"
     examples = read_examples(test_file)
-    new_tokens = (f"{section}.max_new_tokens", cfg.max_new_tokens)
-    engine = policy_engine(params, model, {test_file: examples}, new_tokens, precision=cfg.precision)
+    engine = policy_engine(params, model, {test_file: examples}, section)
     if not is_agent_task(task_module(task_of(examples))):
         return evaluate(engine, examples, cfg)
     max_total_tokens = params.agent.max_total_tokens or context_length(model)

@@ -67,9 +67,8 @@ def run(stage: StageRun) -> None:
     splits = dict(supplied)
     if to_sample:
         policy = stage.inputs["policy"]
-        new_tokens = ("preferences.max_new_tokens", cfg.max_new_tokens)
         checked = {data / f"{split}.jsonl": prompts[split] for split in to_sample}
-        engine = policy_engine(params, policy, checked, new_tokens, precision=cfg.precision)
+        engine = policy_engine(params, policy, checked, "preferences")
         for split in to_sample:
             splits[split] = judged_pairs(engine, prompts[split], cfg, rng)
 

@@ -65,8 +65,7 @@ def sample_and_verify(
     """Sample ``cfg.samples_per_prompt`` responses to each of ``prompts`` (read from ``source``) from ``policy`` and
     keep the accepted ones as SFT rows; returns them and the statistics (``accepted``, ``acceptance_rate``,
     ``acceptance_rate_by_difficulty/<label>``). ``section`` names cfg's keys in errors."""
-    new_tokens = (f"{section}.max_new_tokens", cfg.max_new_tokens)
-    engine = policy_engine(params, policy, {source: prompts}, new_tokens, precision=cfg.precision)
+    engine = policy_engine(params, policy, {source: prompts}, section)
     sampling = Sampling(cfg.max_new_tokens, n=cfg.samples_per_prompt, temperature=cfg.temperature)
     responses = _sampled(params, engine, policy, prompts, sampling)
 
