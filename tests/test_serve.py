@@ -112,6 +112,9 @@ def _shows(shown: str, value: Any) -> bool:
 
 
 def test_a_run_from_the_ui_form_trains_with_the_value_changed_there(prefect_env, tmp_path):
+    def runs_of(deployment: dict) -> list[dict]:
+        return api(prefect_env, "/flow_runs/filter", {"deployments": {"id": {"any_": [deployment["id"]]}}})
+
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the test extra)")
     chromium = shutil.which("chromium")
     if chromium is None:
@@ -152,10 +155,14 @@ def test_a_run_from_the_ui_form_trains_with_the_value_changed_there(prefect_env,
                 steps.press("Tab")
                 sync_api.expect(steps).to_have_value("60")
                 page.get_by_role("button", name="Submit").click()
-                page.wait_for_url(f"**/deployments/deployment/{deployment['id']}?**")  # back to the deployment
+                # What the form submits is a run; the UI's redirect after it can take over 30 s on a busy machine.
+                try:
+                    wait_until(lambda: runs_of(deployment), 180, f"the form's run ({tmp_path / 'submitted.png'})")
+                finally:
+                    page.screenshot(path=tmp_path / "submitted.png")
             finally:
                 browser.close()
-        (flow_run,) = api(prefect_env, "/flow_runs/filter", {"deployments": {"id": {"any_": [deployment["id"]]}}})
+        (flow_run,) = runs_of(deployment)
         flow_run_id = flow_run["id"]
 
         def finished() -> bool:
