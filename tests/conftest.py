@@ -1,3 +1,5 @@
+import contextlib
+import functools
 import hashlib
 import os
 import random
@@ -13,6 +15,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
+from flows import warm_runner
 from tasks.pipelines import PIPELINES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,6 +62,10 @@ def produced(project: Path) -> list[str]:
 
 
 TINY = [line for line in (REPO / "examples/tiny.args").read_text().splitlines() if line and line[0] != "#"]
+# What a stage run in this process sets in its environment (flows.cli.quiet_libraries), set before ENV is taken
+# and the warm runner starts: a stage forks from the runner only when the variables its imports read agree.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 
 
@@ -101,8 +108,29 @@ def md5_tree(directory: Path) -> dict[str, str]:
     }
 
 
+_warm_runner = contextlib.ExitStack()
+
+
+@functools.cache
+def _warm_runner_path() -> str | None:
+    """This test process's warm stage runner (flows/warm_runner.py), started on first use: the stages ``dvc``
+    runs fork from it rather than import torch, transformers and the stages anew (about 5 s a stage here). Kept out
+    of os.environ, so that what else a test starts runs as it would without it."""
+    if _warm_runner.enter_context(warm_runner.started()) is None:
+        return None
+    return os.environ.pop(warm_runner.ENV_VAR)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_the_warm_runner():
+    yield
+    _warm_runner.close()
+
+
 def dvc(path: Path, *args: str) -> str:
-    result = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=path, env=ENV, capture_output=True, text=True)
+    socket_path = _warm_runner_path()
+    env = ENV if socket_path is None else {**ENV, warm_runner.ENV_VAR: socket_path}
+    result = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=path, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout + result.stderr
 

@@ -3,10 +3,12 @@
 One engine serves the module: starting vLLM takes about half a minute.
 """
 
+import math
 from types import SimpleNamespace
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from models import build_char_tokenizer, build_tiny_llama, load_policy, load_tokenizer
 from tasks.common.config import BaseConfig, VLLMConfig
@@ -16,6 +18,7 @@ from tasks.rl.sequences import finished_response_ids
 from tasks.rollout.engine import Sampling
 from tasks.rollout.hf_engine import HFEngine
 from tasks.rollout.vllm_engine import VLLMEngine
+from tests.conftest import dvc, make_project
 
 pytest.importorskip("vllm")  # tasks.rollout.vllm_engine imports it only when an engine is built
 
@@ -121,3 +124,36 @@ def test_greedy_completions_equal_hf_generate(synced):
     assert [c.token_ids for c in vllm] == [c.token_ids for c in hf]
     assert [c.text for c in vllm] == [c.text for c in hf]
     assert max_difference([c.logprobs for c in vllm], [c.logprobs for c in hf]) < TOLERANCE
+
+
+@pytest.mark.slow
+def test_grpo_on_a_bf16_vllm_engine_beside_an_fp32_trainer_is_corrected_stable_and_plots_the_mismatch(tmp_path):
+    kl_budget = 8.0
+    project = make_project(
+        tmp_path / "project",
+        (
+            "base.hidden_size=64",  # head size 32: the smallest vLLM's CPU attention takes
+            "base.intermediate_size=128",
+            "grpo.rollout_backend=vllm",
+            "grpo.vllm.dtype=bf16",
+            "grpo.vllm.enforce_eager=true",
+            "grpo.steps=3",
+            f"grpo.kl_budget={kl_budget}",
+        ),
+    )
+    dvc(project, "repro", "grpo")
+    plots = project / "metrics/grpo/plots/metrics/train"
+    curves = {name: _column(plots / f"{name}.tsv") for name in ("mismatch_kl", "is_weight", "kl", "policy_loss")}
+    assert all(len(curve) == 3 and all(math.isfinite(v) for v in curve) for curve in curves.values()), curves
+    assert all(v > 0 for v in curves["mismatch_kl"])  # a bfloat16 engine does not sample the trainer's policy
+    assert all(0 < v <= 2.0 for v in curves["is_weight"])  # auto weighs each token, truncated at weight_cap
+    assert max(curves["kl"]) < kl_budget
+    shown = dvc(project, "plots", "show", "--json")
+    assert "train/mismatch_kl.tsv" in shown and "train/is_weight.tsv" in shown
+    weights = load_file(project / "artifacts/grpo/model.safetensors")
+    assert all(torch.isfinite(tensor).all() for tensor in weights.values())
+
+
+def _column(path) -> list[float]:
+    """The values of a dvclive plot's .tsv (columns: timestamp, step, value)."""
+    return [float(line.split("\t")[-1]) for line in path.read_text().splitlines()[1:]]

@@ -25,6 +25,8 @@ def training_errors(params: Params) -> Iterator[str]:
                 f"{name}.precision: {cfg.precision} needs bfloat16, which this GPU lacks (compute capability < 8.0); "
                 "fp32"
             )
+        if isinstance(cfg, RLConfig) and cfg.vllm.dtype == "bf16" and not _device_runs_bf16(params.device):
+            yield f"{name}.vllm.dtype: bf16 needs bfloat16, which this GPU lacks (compute capability < 8.0); fp32"
         if isinstance(cfg, ModelTrainingConfig):
             yield from _adapter_errors(name, cfg, params)
 

@@ -4,7 +4,8 @@ On one scored rollout: the log-probs of the actor (π_old, when the update's own
 reference (when a KL term needs it) and the critic's values (when the advantage estimator needs a critic), run
 concurrently across the roles; per-token rewards (the score at the last token, and −β·log π/π_ref at every token
 when the KL is in the reward) through the ``advantage`` estimator; then ``epochs`` passes of minibatches of
-``policy_gradient_loss`` in the actor, while the critic regresses on its returns.
+``policy_gradient_loss`` in the actor (each token's surrogate corrected by ``rollout_correction`` for the engine that
+sampled it), while the critic regresses on its returns.
 """
 
 import time
@@ -36,6 +37,7 @@ from tasks.rl.learner import (
     sampled_logprobs,
 )
 from tasks.rl.placement import Roles
+from tasks.rl.rollout_correction import correction, is_corrected, mismatch_metrics
 from tasks.rl.workers import ActorLoss, Metrics, Minibatch, old_logprobs_source
 
 # (output name, role, method) of the passes over a packed rollout, run concurrently across roles
@@ -59,6 +61,8 @@ def policy_gradient_loss(minibatch: Minibatch, cfg: RLConfig, kl_coef: float) ->
     losses, clipped = POLICY_LOSSES[cfg.policy_loss](
         logprobs, old_logprobs, minibatch.inputs["advantages"], mask, eps_low=cfg.clip_low, eps_high=cfg.clip_high
     )
+    if is_corrected(cfg):
+        losses = losses * correction(old_logprobs, minibatch.inputs["engine_logprobs"], mask, cfg)
     policy_loss = agg_loss(losses, mask, cfg.loss_agg_mode, cfg.max_new_tokens)
     per_token = minibatch.per_token
     loss_weight = per_token if LOSS_AGG_MODES[cfg.loss_agg_mode].per == "tokens" else minibatch.per_item
@@ -110,7 +114,7 @@ def learn(
         token_rewards, mask, cfg.group_size, values=values, gamma=cfg.gamma, lam=cfg.lam
     )
     loss = ActorLoss(partial(policy_gradient_loss, kl_coef=state.kl_coef))
-    rows = {"advantages": advantages, "ref_logprobs": ref_logprobs}
+    rows = {"advantages": advantages, "ref_logprobs": ref_logprobs, "engine_logprobs": engine_logprobs}
     actor_update = roles["actor"].call("update", batch, loss, rows, old_logprobs)
     critic_update = roles["critic"].call("update", batch, values, returns) if "critic" in roles else None
     metrics, old_logprobs = actor_update.result()
@@ -121,6 +125,7 @@ def learn(
     trainer_logprobs = current_logprobs if source == "engine" else old_logprobs
     engines = [c.engine for c in rollout.completions]
     metrics |= policy_metrics(engine_logprobs, trainer_logprobs, ref_logprobs, mask, engines)
+    metrics |= mismatch_metrics(old_logprobs, engine_logprobs, mask, cfg)
     if ref_logprobs is not None:
         metrics["kl_coef"] = state.kl_coef
     if values is not None:

@@ -59,7 +59,8 @@ def make_engine(
     if cfg.rollout_backend == "vllm":
         from tasks.rollout.vllm_engine import VLLMEngine  # vllm is optional: imported only when asked for
 
-        max_length, dtype = model.config.max_position_embeddings, compute_dtype(cfg.precision)
+        dtype = compute_dtype(cfg.precision if cfg.vllm.dtype == "auto" else cfg.vllm.dtype)
+        max_length = model.config.max_position_embeddings
         engine = VLLMEngine(model_dir, seed, max_length, PromptFormat.of(params.task), dtype, cfg.vllm)
         engine.sync_weights(model)
         return engine

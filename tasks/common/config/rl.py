@@ -17,6 +17,7 @@ from tasks.common.config.sections import (
 LR_SCHEDULES = ("constant", "cosine")
 LEARNERS = ("preference", "policy_gradient")
 _CORE_ALGOS = "tasks.rl.core_algos"
+_CORRECTION = "tasks.rl.rollout_correction"
 # A reward mix's name for the RLHF reward model, beside the built-in rewards (scored in the trainer's process: it
 # is a torch model). Here rather than in tasks/rl/rewards.py: validating params reads it, and that module imports torch.
 REWARD_MODEL = "reward_model"
@@ -29,7 +30,13 @@ def roles(*names: str) -> dict[str, StageResources]:
 
 @schema_section
 class VLLMConfig:
-    """The vLLM engine as GPU users run it (``rollout_backend: vllm``); its dtype follows the stage's precision."""
+    """The vLLM engine as GPU users run it (``rollout_backend: vllm``)."""
+
+    dtype: Annotated[str, OneOf(("auto", "bf16", "fp32"))] = param(
+        "auto",
+        "The engine's dtype: auto (the stage's compute dtype, from its precision), or bf16 / fp32 whatever the "
+        "trainer computes in (a bfloat16 engine beside an fp32 trainer: the mismatch rollout_correction weighs).",
+    )
 
     gpu_memory_utilization: float = param(
         0.3,
@@ -50,6 +57,26 @@ class VLLMConfig:
         "Run the model eagerly, without compiling it or capturing CUDA graphs: the engine starts in seconds, not a "
         "minute or more, and decodes slower; for short runs.",
     )
+
+
+@schema_section
+class RolloutCorrectionConfig:
+    """Correction for the engine that sampled a rollout (mu) differing from the trainer's pi_old on the same weights
+    (``tasks/rl/rollout_correction.py``), on the per-token ratio pi_old/mu; policy-gradient updates read it."""
+
+    weights: Annotated[str, OneOf(registry=f"{_CORRECTION}:IS_WEIGHTS", extra=("auto", "none"))] = param(
+        "auto",
+        "Truncated importance weights min(ratio, weight_cap) on the surrogate: token, sequence (the response's "
+        "product of ratios), none, or auto (token where the engine can differ from the trainer: vllm, or a "
+        "training precision other than fp32, whose engine samples in bfloat16; none for an fp32 HF engine).",
+    )
+    weight_cap: float = param(2.0, "C of min(ratio, C).", ge=1)
+    rejection: Annotated[str, OneOf(registry=f"{_CORRECTION}:REJECTIONS", extra=("none",))] = param(
+        "none",
+        "Drop the loss where the ratio is outside [1/rejection_bound, rejection_bound]: per token (IcePop), "
+        "sequence (the response's product of ratios), geometric (its geometric mean), or none.",
+    )
+    rejection_bound: float = param(2.0, "C of [1/C, C].", ge=1)
 
 
 @schema_section
@@ -137,6 +164,9 @@ class RLConfig(SamplingConfig, ModelTrainingConfig):
         "hf", "Rollout engine: hf (transformers generate) or vllm."
     )
     vllm: VLLMConfig = section(VLLMConfig, "The vLLM engine's GPU settings (rollout_backend: vllm).")
+    rollout_correction: RolloutCorrectionConfig = section(
+        RolloutCorrectionConfig, "Importance weights and rejection for the engine-trainer mismatch."
+    )
     colocate: bool = param(
         True,
         "Run every role in the stage's process; false gives each role its own Ray actor. (Data-parallel trained "
