@@ -1,6 +1,7 @@
 """On-policy distillation in the RL loop: the student moves toward the teacher under each loss, the teacher stays
 frozen, GKD's teacher batches, and a teacher or student with another vocabulary is refused before any work."""
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -116,6 +117,25 @@ def test_a_verifier_reward_adds_its_advantage_to_the_teachers(student_dir, teach
     without, zero = first_update(rewards={}), first_update(reward_coef=0.0)
     assert without["policy_loss"] == zero["policy_loss"]
     assert first_update(reward_coef=1.0)["policy_loss"] != zero["policy_loss"]
+
+
+def test_the_rollout_correction_weighs_the_students_samples_and_leaves_the_teachers_responses(
+    student_dir, teacher_dir, one_thread
+):
+    """With token weights on, an iteration on the student's own samples logs them (the engine is the trainer's
+    fp32 policy: ratios of 1), and one on the teacher's responses, which no engine sampled, trains uncorrected."""
+    cfg = replace(Params().distill, distill_loss="gkd", lmbda=0.5, rollout_batch_size=4, group_size=2)
+    cfg = replace(cfg, max_new_tokens=6, rollout_correction=replace(cfg.rollout_correction, weights="token"))
+    make_deterministic(SEED)
+    roles = place(Params(seed=SEED, device="cpu"), cfg, student_dir, [], distill_roles(cfg), teacher_dir)
+    tokenizer = load_tokenizer(student_dir)
+    examples = [Example("arithmetic", f"{a}+1=", str(a + 1), f"<answer>{a + 1}</answer>") for a in range(8)]
+    sampled, _ = collect(roles, DigitScorer(), examples, cfg, LoopState(), SEED, new_clock())
+    on_policy = learn_distillation(roles, sampled, tokenizer, cfg, LoopState(), new_clock())
+    assert on_policy["is_weight"] == pytest.approx(1.0, abs=1e-4) and on_policy["mismatch_kl"] < 1e-6
+    teachers = teacher_batches(examples, tokenizer, BARE, cfg, SEED)(0)
+    off_policy = learn_distillation(roles, teachers, tokenizer, cfg, LoopState(), new_clock())
+    assert "is_weight" not in off_policy and all(map(math.isfinite, off_policy.values()))
 
 
 @pytest.mark.parametrize(("lmbda", "teacher_iterations"), [(1.0, []), (0.5, [0, 2, 4, 6]), (0.25, [0, 1, 2, 4, 5, 6])])

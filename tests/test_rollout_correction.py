@@ -160,3 +160,16 @@ def test_the_logged_metrics_say_how_far_the_engine_was_and_what_the_correction_d
     assert metrics["rejected_fraction"] == pytest.approx((log_ratio.abs() > math.log(3.0)).double().mean().item())
     assert 0 < metrics["rejected_fraction"] < 1 and 0 < metrics["is_truncated_fraction"] < 1  # neither case trivial
     assert set(mismatch_metrics(old, engine, mask, RLConfig())) == {"mismatch_kl"}  # nothing corrected, nothing to say
+
+
+def test_responses_no_engine_sampled_are_not_corrected():
+    """A distillation iteration on the teacher's responses has no engine log-probs: its surrogate stands as it is."""
+    old, engine, mask = _logprobs(4, spread=0.8)
+    advantages = torch.randn(mask.shape, generator=torch.Generator().manual_seed(2), dtype=F64) * mask
+    cfg = replace(_corrected("token", "token", cap=1.2, bound=1.2), kl_loss="none")
+    sampled = _minibatch(old, engine, mask, advantages, old + 0.1)
+    teachers = replace(sampled, inputs={"advantages": advantages})
+    surrogate, _ = ppo_surrogate(old + 0.1, old, advantages, mask, cfg.clip_low, cfg.clip_high)
+    plain = agg_loss(surrogate, mask, cfg.loss_agg_mode, cfg.max_new_tokens)
+    assert policy_gradient_loss(teachers, cfg, kl_coef=0.0)[0].item() == plain.item()
+    assert policy_gradient_loss(sampled, cfg, kl_coef=0.0)[0].item() != plain.item()

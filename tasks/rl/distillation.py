@@ -38,6 +38,7 @@ from tasks.rl.learner import (
 )
 from tasks.rl.placement import Roles
 from tasks.rl.policy_gradient import policy_gradient_loss
+from tasks.rl.rollout_correction import mismatch_metrics
 from tasks.rl.sequences import finished_response_ids
 from tasks.rl.workers import ActorLoss, Metrics, Minibatch, old_logprobs_source
 from tasks.rollout.engine import Completion
@@ -92,12 +93,14 @@ def learn_distillation(
     compute = distillation_loss if loss.full_vocabulary else policy_gradient_loss
     teacher_logits = teacher if loss.full_vocabulary else None
     rows = {"advantages": advantages, "ref_logprobs": ref_logprobs, "teacher_logits": teacher_logits}
+    rows["engine_logprobs"] = sampled  # the rollout correction's μ; None on the teacher's responses
     call = roles["actor"].call("update", batch, ActorLoss(partial(compute, kl_coef=state.kl_coef)), rows, old_logprobs)
     update, old = call.result()
     clock["time/train"] += time.perf_counter() - passed
     metrics |= update
     if rollout.on_policy:
         metrics |= policy_metrics(sampled, old, ref_logprobs, mask, [c.engine for c in rollout.completions])
+        metrics |= mismatch_metrics(old, sampled, mask, cfg)
     return metrics
 
 

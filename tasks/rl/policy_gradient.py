@@ -61,8 +61,9 @@ def policy_gradient_loss(minibatch: Minibatch, cfg: RLConfig, kl_coef: float) ->
     losses, clipped = POLICY_LOSSES[cfg.policy_loss](
         logprobs, old_logprobs, minibatch.inputs["advantages"], mask, eps_low=cfg.clip_low, eps_high=cfg.clip_high
     )
-    if is_corrected(cfg):
-        losses = losses * correction(old_logprobs, minibatch.inputs["engine_logprobs"], mask, cfg)
+    engine_logprobs = minibatch.inputs.get("engine_logprobs")  # none for responses no engine sampled (a teacher's)
+    if engine_logprobs is not None and is_corrected(cfg):
+        losses = losses * correction(old_logprobs, engine_logprobs, mask, cfg)
     policy_loss = agg_loss(losses, mask, cfg.loss_agg_mode, cfg.max_new_tokens)
     per_token = minibatch.per_token
     loss_weight = per_token if LOSS_AGG_MODES[cfg.loss_agg_mode].per == "tokens" else minibatch.per_item
