@@ -115,10 +115,18 @@ _warm_runner = contextlib.ExitStack()
 def _warm_runner_path() -> str | None:
     """This test process's warm stage runner (flows/warm_runner.py), started on first use: the stages ``dvc``
     runs fork from it rather than import torch, transformers and the stages anew (about 5 s a stage here). Kept out
-    of os.environ, so that what else a test starts runs as it would without it."""
-    if _warm_runner.enter_context(warm_runner.started()) is None:
-        return None
-    return os.environ.pop(warm_runner.ENV_VAR)
+    of os.environ, so that what else a test starts runs as it would without it. Started with ENV, as the stages
+    are: a variable a test left in os.environ (Ray's, Prefect's) would make every stage differ and run cold."""
+    current = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(ENV)  # the runner starts with the stages' environment, whatever earlier tests set since
+    try:
+        if _warm_runner.enter_context(warm_runner.started()) is None:
+            return None
+        return os.environ.pop(warm_runner.ENV_VAR)
+    finally:
+        os.environ.clear()
+        os.environ.update(current)
 
 
 @pytest.fixture(scope="session", autouse=True)
