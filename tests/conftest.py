@@ -1,3 +1,4 @@
+import atexit
 import contextlib
 import functools
 import hashlib
@@ -117,6 +118,9 @@ def _warm_runner_path() -> str | None:
     runs fork from it rather than import torch, transformers and the stages anew (about 5 s a stage here). Kept out
     of os.environ, so that what else a test starts runs as it would without it. Started with ENV, as the stages
     are: a variable a test left in os.environ (Ray's, Prefect's) would make every stage differ and run cold."""
+    # at exit, not in a session fixture: test files import this module as tests.conftest, a module apart from the
+    # conftest pytest loads, and the runner they start is this one's
+    atexit.register(_warm_runner.close)
     current = dict(os.environ)
     os.environ.clear()
     os.environ.update(ENV)  # the runner starts with the stages' environment, whatever earlier tests set since
@@ -127,12 +131,6 @@ def _warm_runner_path() -> str | None:
     finally:
         os.environ.clear()
         os.environ.update(current)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _stop_the_warm_runner():
-    yield
-    _warm_runner.close()
 
 
 def dvc(path: Path, *args: str) -> str:
