@@ -88,17 +88,23 @@ def is_corrected(cfg: RLConfig) -> bool:
     return importance_weights(cfg) != "none" or cfg.rollout_correction.rejection != "none"
 
 
+def _corrected_parts(log_ratio: Tensor, mask: Tensor, cfg: RLConfig) -> tuple[Tensor | None, Tensor | None]:
+    """The stage's importance weights and which tokens its rejection rule keeps (None for a part that is off)."""
+    settings = cfg.rollout_correction
+    weights = importance_weights(cfg)
+    weight = None if weights == "none" else IS_WEIGHTS[weights](log_ratio, mask, settings.weight_cap)
+    rejection = settings.rejection
+    kept = None if rejection == "none" else REJECTIONS[rejection](log_ratio, mask, settings.rejection_bound)
+    return weight, kept
+
+
 def correction(old_logprobs: Tensor, engine_logprobs: Tensor, mask: Tensor, cfg: RLConfig) -> Tensor:
     """(B, T) the detached factor each token's surrogate loss is multiplied by: its importance weight, 0 where the
     rejection rule drops it (1 everywhere with both off)."""
     log_ratio = (old_logprobs - engine_logprobs).detach()
-    factor = torch.ones_like(log_ratio)
-    settings = cfg.rollout_correction
-    if (weights := importance_weights(cfg)) != "none":
-        factor = IS_WEIGHTS[weights](log_ratio, mask, settings.weight_cap)
-    if settings.rejection != "none":
-        factor = factor * REJECTIONS[settings.rejection](log_ratio, mask, settings.rejection_bound)
-    return factor
+    weight, kept = _corrected_parts(log_ratio, mask, cfg)
+    factor = torch.ones_like(log_ratio) if weight is None else weight
+    return factor if kept is None else factor * kept
 
 
 def mismatch_metrics(old_logprobs: Tensor, engine_logprobs: Tensor, mask: Tensor, cfg: RLConfig) -> dict[str, float]:
@@ -107,13 +113,11 @@ def mismatch_metrics(old_logprobs: Tensor, engine_logprobs: Tensor, mask: Tensor
     ``is_truncated_fraction`` (tokens whose ratio the cap cut), ``rejected_fraction`` (tokens dropped)."""
     log_ratio = masked(old_logprobs - engine_logprobs, mask)
     metrics = {"mismatch_kl": masked_mean(kl_k3(engine_logprobs, old_logprobs), mask).item()}
-    settings = cfg.rollout_correction
-    if (weights := importance_weights(cfg)) != "none":
-        weight = IS_WEIGHTS[weights](log_ratio, mask, settings.weight_cap)
-        uncapped = IS_WEIGHTS[weights](log_ratio, mask, float("inf"))
+    weight, kept = _corrected_parts(log_ratio, mask, cfg)
+    if weight is not None:
+        uncapped = IS_WEIGHTS[importance_weights(cfg)](log_ratio, mask, float("inf"))
         metrics["is_weight"] = masked_mean(weight, mask).item()
         metrics["is_truncated_fraction"] = masked_mean((uncapped > weight).float(), mask).item()
-    if settings.rejection != "none":
-        kept = REJECTIONS[settings.rejection](log_ratio, mask, settings.rejection_bound)
+    if kept is not None:
         metrics["rejected_fraction"] = masked_mean((~kept).float(), mask).item()
     return metrics
