@@ -31,6 +31,8 @@ MALFORMED_CONFIGS = [
     (["grpo.rollout_correction.weight_cap=0.5"], "grpo.rollout_correction.weight_cap: must be >= 1"),
     (["ppo.rollout_correction.rejection_bound=0.9"], "ppo.rollout_correction.rejection_bound: must be >= 1"),
     (["grpo.rollout_correction.weights=tis"], "grpo.rollout_correction.weights: must be one of"),
+    (["grpo.max_staleness=-1"], "grpo.max_staleness: must be >= 0"),
+    (["ppo.max_staleness=1"], "ppo.max_staleness: asynchronous rollouts sample on rollout engine actors"),
     (["device=tpu"], "device: must be one of"),
     (["eval.temperature=0"], "eval.temperature: must be > 0"),
     (["base.max_position_embeddings=32"], "base.max_position_embeddings: must be >="),

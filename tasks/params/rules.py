@@ -23,6 +23,7 @@ from tasks.common.config import (
     RLConfig,
     RoundConfig,
     SFTTrainingConfig,
+    engine_in_actor,
 )
 from tasks.common.config.fields import schema_fields
 from tasks.common.config.rl import REWARD_MODEL
@@ -145,6 +146,12 @@ def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
                 yield f"{name}.{key}.{reward}: not a reward ({', '.join(allowed)}, or module:function of your own)"
             if not math.isfinite(weight):
                 yield f"{name}.{key}.{reward}: the weight must be a finite number, got {weight}"
+    if cfg.max_staleness and engine_in_actor(cfg):
+        yield (
+            f"{name}.max_staleness: asynchronous rollouts sample on rollout engine actors while the actor trains, "
+            f"and with {name}.rollout_engines=1 and {name}.parallel.num_workers=1 the engine lives in the actor's "
+            f"process; set {name}.rollout_engines >= 2 (or max_staleness 0), got {cfg.max_staleness}"
+        )
     # Asked only where the answer matters: device auto asks torch, whose import is most of a no-op run's time.
     if cfg.vllm.sleep_mode and not runs_on_gpu(params.device):
         yield f"{name}.vllm.sleep_mode: vLLM sleeps on a GPU only (device: cuda); false on a CPU"

@@ -17,10 +17,10 @@ from typing import Any
 
 import ray
 
-from tasks.common.config import ConfigError, Params, RLConfig, StageResources
+from tasks.common.config import ConfigError, Params, RLConfig, StageResources, engine_in_actor
 from tasks.common.distributed import RoleGroup
 from tasks.data.problems import Example
-from tasks.rl.workers import ActorWorker, CriticWorker, FrozenWorker, RewardWorker, engine_in_actor
+from tasks.rl.workers import ActorWorker, CriticWorker, FrozenWorker, RewardWorker
 from tasks.rollout.engine_group import EngineGroup, EngineWorker
 
 TRAINED_ROLES = ("actor", "critic")

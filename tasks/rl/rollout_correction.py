@@ -76,12 +76,14 @@ def geometric_rejection(log_ratio: Tensor, mask: Tensor, bound: float) -> Tensor
 
 def importance_weights(cfg: RLConfig) -> str:
     """The ``IS_WEIGHTS`` entry a stage uses, or "none": ``auto`` weighs tokens where the engine can differ from the
-    trainer (vLLM, or an engine in the training precision's bfloat16 beside fp32 master weights), and leaves an
-    fp32 HF engine, which samples with the trainer's own weights and kernels, uncorrected."""
+    trainer (vLLM, an engine in the training precision's bfloat16 beside fp32 master weights, or asynchronous
+    rollouts, sampled by an older policy), and leaves a synchronous fp32 HF engine, which samples with the
+    trainer's own weights and kernels, uncorrected."""
     chosen = cfg.rollout_correction.weights
     if chosen != "auto":
         return chosen
-    return "token" if cfg.rollout_backend == "vllm" or cfg.precision != "fp32" else "none"
+    differs = cfg.rollout_backend == "vllm" or cfg.precision != "fp32" or cfg.max_staleness > 0
+    return "token" if differs else "none"
 
 
 def is_corrected(cfg: RLConfig) -> bool:

@@ -51,7 +51,6 @@ from tasks.common.tracking import log_step, stage_live, write_perf
 from tasks.common.training import (
     Checkpointer,
     Throughput,
-    epoch_batch,
     make_deterministic,
     rng_state,
     set_rng_state,
@@ -63,6 +62,7 @@ from tasks.data.judge import gold_utility
 from tasks.data.problems import Example, score_response, task_module, task_of
 from tasks.data.prompts import PromptFormat
 from tasks.kinds import stage_kinds
+from tasks.rl.async_rollouts import RolloutsAhead, Sampled, draw, sample
 from tasks.rl.core_algos import adaptive_kl_coef, informative_groups
 from tasks.rl.gold_vs_proxy import peak, rl_curve, write_curve
 from tasks.rl.learner import Learner, LoopState, Rollout, RunningMoments
@@ -77,16 +77,13 @@ HACKING_WINDOW = 10  # iterations compared when looking for reward up while gold
 HELDOUT = "heldout/gold_reward"  # the policy's gold reward on a fixed held-out slice, every heldout_every iterations
 
 
-def score(
-    roles: Roles, scorer: RewardScorer, examples: list[Example], cfg: RLConfig, clock: dict[str, float]
-) -> Rollout:
-    """Roll out ``group_size`` responses (or episodes) per example and score them with every reward function."""
+def score(roles: Roles, scorer: RewardScorer, sampled: Sampled, cfg: RLConfig, clock: dict[str, float]) -> Rollout:
+    """Wait for the ``group_size`` responses (or episodes) ``sampled`` per example and score them with every reward
+    function."""
     started = time.perf_counter()
-    engines = roles["rollout"]
-    sampled = engines.play(examples) if engines.episodes else engines.generate([e.prompt for e in examples])
     completions = sampled.result()
     generated = time.perf_counter()
-    per_response = [examples[c.prompt_index] for c in completions]
+    per_response = [sampled.examples[c.prompt_index] for c in completions]
     texts = [c.text for c in completions]
     pending = None
     if "reward" in roles:
@@ -98,7 +95,7 @@ def score(
         [c.truncated for c in completions],
         cfg.max_new_tokens,
         cfg.overlong_buffer,
-        [c.episode.env_reward for c in completions] if engines.episodes else None,
+        [c.episode.env_reward for c in completions] if roles["rollout"].episodes else None,
     )
     total, components, failures = scorer.score(inputs)
     if pending is not None:
@@ -129,20 +126,28 @@ def collect(
     state: LoopState,
     seed: int,
     clock: dict[str, float],
+    ahead: RolloutsAhead | None = None,
 ) -> tuple[Rollout | None, dict[str, float]]:
-    """One iteration's rollout: a batch of prompts, refilled while dynamic sampling drops uninformative groups."""
+    """One iteration's rollout: a batch of prompts, refilled while dynamic sampling drops uninformative groups.
+    With asynchronous rollouts (``ahead``), its first batch may have been handed out iterations ago, and the next
+    iterations' go out before this one's is scored."""
     kept: list[Rollout] = []
     groups_kept, rounds, zero_variance = 0, 0, []
     while rounds < cfg.max_sampling_rounds:
-        batch = [examples[i] for i in epoch_batch(len(examples), cfg.rollout_batch_size, state.cursor, seed)]
-        state.cursor += 1
+        sampled = ahead.take(state.step) if ahead is not None and rounds == 0 else None
+        if sampled is None:
+            started = time.perf_counter()  # an engine in the actor's process samples before returning
+            sampled = sample(roles, draw(examples, cfg, state, seed))
+            clock["time/generate"] += time.perf_counter() - started
+        if ahead is not None and rounds == 0:
+            ahead.hand_out(state.step, state)
         rounds += 1
-        rollout = score(roles, scorer, batch, cfg, clock)
+        rollout = score(roles, scorer, sampled, cfg, clock)
         state.episodes += episode_rows(rollout, state.step + 1)  # every one played, a group dropped below or not
         informative = informative_groups(rollout.scores, cfg.group_size)
         zero_variance.append(1.0 - informative.float().mean().item())
         if not cfg.dynamic_sampling:
-            kept, groups_kept = [rollout], len(batch)
+            kept, groups_kept = [rollout], len(sampled.examples)
             break
         kept.append(rollout.groups(informative, cfg.group_size))
         groups_kept += int(informative.sum())
@@ -286,7 +291,9 @@ def train(
         stage_live(stage) as live,
         stop_on_divergence(checkpointer),
     ):
-        state, reference_reset = _resume(roles, checkpointer, cfg)
+        samples_at = (lambda step: learner.offline(step) is None) if learner.offline else (lambda step: True)
+        ahead = RolloutsAhead(roles, examples, cfg, params.seed, samples_at) if cfg.max_staleness else None
+        state, reference_reset = _resume(roles, checkpointer, cfg, ahead)
         for logged_step, metrics in state.history:
             log_step(live, logged_step, metrics)
         heldout = read_examples(train_file.with_name("test.jsonl"))[: cfg.heldout_prompts] if cfg.heldout_every else []
@@ -305,7 +312,7 @@ def train(
             try:
                 rollout, metrics = learner.offline(step) if learner.offline else None, {}
                 if rollout is None:
-                    rollout, metrics = collect(roles, scorer, examples, cfg, state, params.seed, clock)
+                    rollout, metrics = collect(roles, scorer, examples, cfg, state, params.seed, clock, ahead)
                 if rollout is not None:
                     metrics |= rollout_metrics(rollout) if rollout.on_policy else {"offline_batch": 1.0}
                     metrics |= learner.learn(roles, rollout, tokenizer, cfg, state, clock)
@@ -341,7 +348,7 @@ def train(
                         progress.write(f"WARNING {stage} step {state.step}: {alarm}")
                     raised.add(alarm.split()[0])
             if state.step % cfg.save_every == 0 and state.step < cfg.steps:
-                checkpointer.save(_checkpoint(roles, state, reference_reset))
+                checkpointer.save(_checkpoint(roles, state, reference_reset, ahead))
         final = _latest(state.history)
         for name in ("reward", "gold_reward", "accuracy", "truncated_rate", "kl", "kl_coef", "entropy", "divergence"):
             if name in final:
@@ -387,9 +394,11 @@ def episode_rows(rollout: Rollout, step: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _resume(roles: Roles, checkpointer: Checkpointer, cfg: RLConfig) -> tuple[LoopState, dict | None]:
+def _resume(
+    roles: Roles, checkpointer: Checkpointer, cfg: RLConfig, ahead: RolloutsAhead | None
+) -> tuple[LoopState, dict | None]:
     """The loop's state, and the reference's weights when it has been reset: fresh, or from the checkpoint, whose
-    models, optimisers and random states are loaded into the roles."""
+    models, optimisers and random states are loaded into the roles (and its rollouts in flight into ``ahead``)."""
     if (checkpoint := checkpointer.load()) is None:
         return LoopState(kl_coef=cfg.kl_coef), None
     for role in ("actor", "critic"):
@@ -402,6 +411,8 @@ def _resume(roles: Roles, checkpointer: Checkpointer, cfg: RLConfig) -> tuple[Lo
     if checkpoint["reference"] is not None:
         roles["reference"].call("load_weights", checkpoint["reference"]).result()
     set_rng_state(checkpoint["rng"])
+    if ahead is not None:
+        ahead.load_state(checkpoint["ahead"])
     moments = RunningMoments(**checkpoint["state"]["moments"])
     return LoopState(**{**checkpoint["state"], "moments": moments}), checkpoint["reference"]
 
@@ -414,8 +425,9 @@ def _latest(history: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
     return latest
 
 
-def _checkpoint(roles: Roles, state: LoopState, reference: dict | None) -> dict[str, Any]:
+def _checkpoint(roles: Roles, state: LoopState, reference: dict | None, ahead: RolloutsAhead | None) -> dict[str, Any]:
     return {
+        "ahead": ahead.state() if ahead is not None else None,  # first: the engines' state is theirs after these
         **{role: roles[role].call("state").result() for role in ("actor", "critic") if role in roles},
         "engines": roles["rollout"].state().result() if roles["rollout"].apart else None,
         "reference": reference,

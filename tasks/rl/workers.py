@@ -45,7 +45,7 @@ from models.trainable import (
     trainable_policy,
     weights_dtype,
 )
-from tasks.common.config import Params, RLConfig
+from tasks.common.config import Params, RLConfig, engine_in_actor
 from tasks.common.distributed import SINGLE, Rank, full_state_dict, shard_in_place, training_state
 from tasks.common.training import (
     adamw_with_cosine,
@@ -90,11 +90,6 @@ def old_logprobs_source(rows: int, cfg: RLConfig, on_policy: bool = True) -> Lit
     if updates_per_rollout(rows, cfg) == 1 and not cfg.kl_in_reward:
         return "update"
     return "actor"
-
-
-def engine_in_actor(cfg: RLConfig) -> bool:
-    """Whether the rollout engine lives in the actor's process (one engine, one actor worker)."""
-    return cfg.rollout_engines == 1 and cfg.parallel.num_workers == 1
 
 
 Metrics = dict[str, tuple[torch.Tensor, float]]  # name: (value, its weight in the average over the ranks)

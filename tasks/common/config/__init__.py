@@ -30,6 +30,7 @@ from tasks.common.config.rl import (
     RoundConfig,
     TeacherDataConfig,
     VLLMConfig,
+    engine_in_actor,
 )
 from tasks.common.config.sections import (
     SEED_MAX,
@@ -104,5 +105,6 @@ __all__ = [
     "StageResources",
     "TaskConfig",
     "TeacherDataConfig",
+    "engine_in_actor",
     "to_dict",
 ]

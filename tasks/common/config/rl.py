@@ -67,8 +67,9 @@ class RolloutCorrectionConfig:
     weights: Annotated[str, OneOf(registry=f"{_CORRECTION}:IS_WEIGHTS", extra=("auto", "none"))] = param(
         "auto",
         "Truncated importance weights min(ratio, weight_cap) on the surrogate: token, sequence (the response's "
-        "product of ratios), none, or auto (token where the engine can differ from the trainer: vllm, or a "
-        "training precision other than fp32, whose engine samples in bfloat16; none for an fp32 HF engine).",
+        "product of ratios), none, or auto (token where the engine can differ from the trainer: vllm, a "
+        "training precision other than fp32, whose engine samples in bfloat16, or asynchronous rollouts "
+        "(max_staleness > 0); none for a synchronous fp32 HF engine).",
     )
     weight_cap: float = param(2.0, "C of min(ratio, C).", ge=1)
     rejection: Annotated[str, OneOf(registry=f"{_CORRECTION}:REJECTIONS", extra=("none",))] = param(
@@ -200,6 +201,14 @@ class RLConfig(SamplingConfig, ModelTrainingConfig):
         "then takes the sampling policy's own log-probs as pi_old).",
         ge=1,
     )
+    max_staleness: int = param(
+        0,
+        "Asynchronous rollouts: the rollout engines sample the next N iterations' prompts while the actor trains, "
+        "so a rollout comes from a policy up to N iterations old (exactly N once the run is N in); its tokens keep "
+        "the engine's log-probs and rollout_correction weighs them (auto: token weights). 0 samples, then trains "
+        "(synchronous). Needs engines apart from the actor (rollout_engines >= 2, or parallel.num_workers >= 2).",
+        ge=0,
+    )
     heldout_every: int | None = param(
         None,
         "Every N iterations (and before the first) sample the policy on a fixed held-out slice and log its gold "
@@ -207,6 +216,11 @@ class RLConfig(SamplingConfig, ModelTrainingConfig):
         ge=1,
     )
     heldout_prompts: int = param(64, "Held-out prompts in that slice (the first N of the held-out split).", ge=1)
+
+
+def engine_in_actor(cfg: RLConfig) -> bool:
+    """Whether the rollout engine lives in the actor's process (one engine, one actor worker)."""
+    return cfg.rollout_engines == 1 and cfg.parallel.num_workers == 1
 
 
 @schema_section

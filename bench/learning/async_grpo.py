@@ -1,0 +1,65 @@
+"""Asynchronous rollouts against the synchronous loop: the R1 ``grpo`` stage's held-out greedy pass@1 with
+``max_staleness`` N against 0, seed by seed.
+
+From one cold start (data, base and sft_cold built once with the default seed), each seed runs the ``grpo`` stage
+twice with ``seed=S``:
+
+  sync   the default stage: its engine in the actor's process, sampling then training (max_staleness 0);
+  async  two rollout engine actors (``grpo.rollout_engines=2``) sampling the next iteration's prompts while the actor
+         trains (``grpo.max_staleness=N``), corrected by the default ``rollout_correction`` (auto: token weights).
+
+Each final model is evaluated by alignflow's evaluator on the first ``--problems`` held-out problems (greedy pass@1,
+the same problems for both legs, so their gap comes with its paired standard error). The bar: async within 0.03 of
+sync for every seed. Prints each leg's pass@1 and wall-clock seconds (2 engine processes beside the trainer on this
+machine's cores: the seconds say what async costs or saves here, not on a GPU).
+
+    .venv/bin/python -m bench.learning.async_grpo [--seeds 0 1 2] [--staleness 1] [--project DIR] [KEY=VALUE ...]
+"""
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+from bench.harness import COLD_START, built_project, paired_gap, stage
+from bench.trl.grpo import greedy_verdicts
+from tasks.params.load import load_params
+
+BAR = 0.03
+
+
+def main(seeds: list[int], staleness: int, project: Path, problems: int, overrides: list[str]) -> None:
+    built_project(project, COLD_START, overrides)
+    params = load_params(str(project / "params.yaml"), overrides)
+    # every leg names its settings: `alignflow stage` writes its overrides into params.yaml, where the next leg reads
+    legs = {
+        "sync": ["grpo.rollout_engines=1", "grpo.max_staleness=0"],
+        "async": ["grpo.rollout_engines=2", f"grpo.max_staleness={staleness}"],
+    }
+    rows = []
+    for seed in seeds:
+        verdicts = {}
+        for leg, settings in legs.items():
+            started = time.perf_counter()
+            stage(project, "grpo", f"seed={seed}", *overrides, *settings)
+            seconds = time.perf_counter() - started
+            verdicts[leg] = greedy_verdicts(project, project / "artifacts/grpo", params, problems)
+            rate = sum(verdicts[leg]) / len(verdicts[leg])
+            print(f"seed {seed} {leg}: pass@1 {rate:.3f} in {seconds:.0f} s", flush=True)
+        gap, error = paired_gap(verdicts["async"], verdicts["sync"])
+        rows.append((seed, gap, error))
+    print(f"\nmax_staleness {staleness} against 0, greedy pass@1 on {problems} held-out problems (bar: within {BAR})")
+    for seed, gap, error in rows:
+        print(f"  seed {seed}: {gap:+.3f} +- {error:.3f}  {'meets' if abs(gap) <= BAR else 'misses'}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--staleness", type=int, default=1)
+    parser.add_argument("--problems", type=int, default=1000, help="held-out problems evaluated")
+    parser.add_argument("--project", type=Path, help="the project to build once and reuse (default: a scratch one)")
+    parser.add_argument("overrides", nargs="*", help="params overrides of every stage, KEY=VALUE")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        main(args.seeds, args.staleness, args.project or Path(scratch) / "project", args.problems, args.overrides)
