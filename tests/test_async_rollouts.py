@@ -69,10 +69,10 @@ def _run(staleness: int, steps: int, samples_at=lambda step: True) -> list[tuple
     clock = dict.fromkeys(("time/generate", "time/score", "time/train"), 0.0)
     for step in range(steps):
         if samples_at(step):
-            rollout, _ = collect(roles, ZeroScorer(), EXAMPLES, cfg, state, SEED, clock, ahead)
-            versions = {int(c.text.split("@")[1]) for c in rollout.completions}
-            assert len(versions) == 1
-            seen.append(([e.prompt for e in rollout.examples], versions.pop()))
+            rollout, stats = collect(roles, ZeroScorer(), EXAMPLES, cfg, state, SEED, clock, ahead)
+            (version,) = {int(c.text.split("@")[1]) for c in rollout.completions}
+            assert stats.get("staleness", 0) == step - version  # logged: how far the sampling weights lag
+            seen.append(([e.prompt for e in rollout.examples], version))
         state.step = step + 1
         engines.load_weights(step + 1)
     return seen
@@ -146,6 +146,7 @@ def test_the_engines_sample_ahead_with_the_weights_of_max_staleness_iterations_b
     steps = staleness + 3
     frozen = _grpo_zero(project, f"grpo.steps={steps}", "grpo.sync_every=1000")
     ahead = _grpo_zero(project, f"grpo.steps={steps}", f"grpo.max_staleness={staleness}")
+    assert ahead["staleness"] == [min(step, staleness) for step in range(steps)]
     assert ahead["response_length"][: staleness + 1] == frozen["response_length"][: staleness + 1]
     assert ahead["response_length"][staleness + 1 :] != frozen["response_length"][staleness + 1 :]
     # the first rollout is the starting policy's, as the actor is; later ones lag it

@@ -13,13 +13,13 @@ from tasks.data.datasets import read_examples, read_preferences
 from tasks.data.judge import gold_utility
 from tasks.data.prompts import BARE
 from tasks.params.load import load_params
+from tasks.rl.async_rollouts import sample
 from tasks.rl.core_algos import best_of_n_kl
 from tasks.rl.learner import LoopState, Rollout
 from tasks.rl.placement import place
 from tasks.rl.policy_gradient import learn, needed_roles
 from tasks.rl.reward_kinds import RewardModel
 from tasks.rl.rewards import RewardScorer
-from tasks.rl.async_rollouts import sample
 from tasks.rl.trainer import score
 from tests.conftest import dvc, make_project, report_json, repro, resume_after_kill, stages_run
 
@@ -139,7 +139,7 @@ def _frozen_and_moved(path, overrides: list[str], monkeypatch) -> None:
     state, clock = LoopState(kl_coef=cfg.kl_coef), dict.fromkeys(("time/generate", "time/score", "time/train"), 0.0)
     with RewardScorer(cfg.rewards, cfg.reward_timeout_seconds) as scorer:
         for _ in range(3):  # the first update runs at the warm-up's zero learning rate
-            rollout: Rollout = score(roles, scorer, sample(roles, examples), cfg, clock)
+            rollout: Rollout = score(roles, scorer, sample(roles, examples, 0), cfg, clock)
             metrics = learn(roles, rollout, tokenizer, cfg, state, clock)
     assert metrics["kl"] != 0.0, "after an update the actor must differ from the reference"
     after_reference = roles["reference"].call("weights").result()

@@ -319,8 +319,9 @@ if __name__ == "__main__":
         "--sampling",
         choices=("bf16", "fp32"),
         default="bf16",
-        help="both legs sample under bf16 autocast (default) or in the fp32 weights' precision, as each ships: "
-        "alignflow's ActorWorker calls its HF engine outside autocast, and so does TRL's generate on a PEFT model",
+        help="TRL samples under bf16 autocast (default) or in the fp32 weights' precision, as it ships (its generate "
+        "on a PEFT model runs outside accelerate's autocast); alignflow samples as its stage does, from the merged "
+        "bf16 copy",
     )
     arguments = parser.parse_args()
     if arguments.threads:

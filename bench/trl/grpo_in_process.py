@@ -3,21 +3,21 @@
 SmolLM2-135M's architecture and tokenizer (random weights, seeded and saved once, which both legs load: speed does
 not depend on them), LoRA rank 16, alpha 32, dropout 0 on every linear layer, fp32 weights and AdamW with the
 forward passes under bfloat16 autocast (alignflow's bf16-mixed; TRL's ``bf16=True``, accelerate's autocast over fp32
-weights), sampling included (``--sampling fp32``: both legs sample outside autocast, as each ships), 2-digit
+weights), sampling included (``--sampling fp32``: TRL samples outside autocast, as it ships), 2-digit
 additions (``tasks.data.problems.arithmetic``, seeded) through the chat template with the system prompt "Solve the
 problem.", 16 prompts x 8 per step, up to 40 new tokens at temperature 1, one optimizer step per batch at 4e-4, no
 KL term, PPO's clip-higher surrogate with the token-level loss (TRL's ``dapo``), rewards accuracy + 0.1 x format by
 alignflow's verifier, the same prompts in the same order on both legs (TRL's ``shuffle_dataset`` off).
 
-- alignflow: per step ``HFEngine.generate`` from a plain copy of the policy with the adapters merged in, in
-  bf16, refreshed after each update (as ``ActorWorker`` samples an adapted policy), the verifier's rewards,
-  ``tasks.rl.core_algos``' group-normalised advantages, and the actor's update as ``tasks/rl/policy_gradient.py``
-  and ``ActorWorker.update`` run it on one device (the step's own pass gives π_old, as on-policy with one update;
-  ``response_logprobs``, the registered surrogate and aggregation, entropy and approx-KL metrics,
-  ``guarded_step``), with deterministic algorithms as ``ActorWorker`` sets them (``warn_only``: an op without a
-  deterministic CUDA kernel warns instead of stopping the bench; ``--no-deterministic`` turns them off). The
-  modules that import Ray or DVCLive (``policy_gradient``, ``workers``, ``common.training``) are not imported:
-  their few lines are repeated here (``guarded_step`` is imported where DVCLive is installed).
+- alignflow: the ``grpo`` stage's own iteration, the shipped code: its roles placed in this process (``place``:
+  ``ActorWorker`` with LoRA, its HF engine sampling from a plain copy of the policy with the adapters merged in, in
+  bf16, refreshed after each update), ``collect`` (``tasks/rl/trainer.py``: the rollout, and the verifier's
+  rewards in ``RewardScorer``'s process) and ``learn`` (``tasks/rl/policy_gradient.py``: group-normalised
+  advantages, one update whose own pass gives π_old, the registered surrogate and aggregation, the guarded step,
+  the rollout correction and its metrics); the phases are the trainer's own clock's. Deterministic algorithms as
+  the worker sets them (``warn_only``: an op without a deterministic CUDA kernel warns instead of stopping the
+  bench; ``--no-deterministic`` turns them off). Those modules load without Ray, DVC or DVCLive, which they import
+  where a role runs on Ray or where tracking starts (``tests/test_gpu_bench.py`` runs this bench without them).
 - TRL: ``GRPOTrainer`` with transformers' ``generate`` (no vLLM), gradient checkpointing off, ``beta`` 0,
   ``loss_type`` dapo, ``per_device_train_batch_size`` 128, ``steps_per_generation`` 1; its reward functions are
   ``bench.trl.grpo_leg``'s (the same verifier and config), and its prompt ids are checked to be alignflow's. As
@@ -48,59 +48,25 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from bench.harness import device_matmul_peak, synchronize
-from models.trainable import autocast, compute_dtype, is_adapted, merged_state_dict, prepared_for_training
+from models.trainable import is_adapted
 from tasks.common.config import LoraConfig, Params
-from tasks.data.problems import Example, arithmetic, score_response
+from tasks.common.training import epoch_batch
+from tasks.data.problems import Example, arithmetic
 from tasks.data.prompts import PromptFormat
-from tasks.rl.core_algos import (
-    ADVANTAGE_ESTIMATORS,
-    POLICY_LOSSES,
-    agg_loss,
-    entropy_from_logits,
-    masked,
-    masked_mean,
-    shaped_rewards,
-)
-from tasks.rl.learner import Rollout, policy_metrics, sampled_logprobs
-from tasks.rl.sequences import response_logprobs
-from tasks.rollout.engine import Sampling
-from tasks.rollout.hf_engine import HFEngine
+from tasks.rl.learner import LoopState
+from tasks.rl.placement import place, release
+from tasks.rl.policy_gradient import learn, needed_roles
+from tasks.rl.rewards import RewardScorer
+from tasks.rl.trainer import collect, rollout_metrics
 
 SYSTEM_PROMPT = "Solve the problem."
 REWARD_WEIGHTS = {"accuracy": 1.0, "format": 0.1}  # grpo's defaults, as the TRL leg weighs them
-
-try:  # tasks.common.training imports DVCLive, which the lent GPU machine lacks
-    from tasks.common.training import guarded_step
-
-    GUARDED_STEP = "tasks.common.training.guarded_step"
-except ImportError:
-    GUARDED_STEP = "bench copy of tasks.common.training.guarded_step (DVCLive not installed)"
-
-    def guarded_step(model, optimizer, loss, grad_clip, where):
-        """tasks.common.training.guarded_step on one rank: backward, clip, step, unless a number is not finite."""
-        optimizer.zero_grad(set_to_none=True)
-        if not torch.isfinite(loss.detach()):
-            raise RuntimeError(f"{where}: the loss is {loss.item()}")
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        if not torch.isfinite(grad_norm):
-            optimizer.zero_grad(set_to_none=True)
-            raise RuntimeError(f"{where}: the gradient norm is {grad_norm.item()}")
-        optimizer.step()
-        return grad_norm
 
 
 def problems(count: int, seed: int) -> list[Example]:
     """``count`` seeded 2-digit additions (examples/smollm2.args' task)."""
     rng, cfg = random.Random(seed), SimpleNamespace(digits=2, ops="+")
     return [arithmetic.generate(rng, cfg) for _ in range(count)]
-
-
-def rewards(example: Example, text: str) -> tuple[float, float, float]:
-    """(weighted score, accuracy, format) of one response by the task's verifier."""
-    well_formatted, correct = score_response(example, text)
-    score = REWARD_WEIGHTS["accuracy"] * correct + REWARD_WEIGHTS["format"] * well_formatted
-    return score, float(correct), float(well_formatted)
 
 
 def dtype_probe(*models: torch.nn.Module) -> tuple[dict[str, str], list[torch.utils.hooks.RemovableHandle]]:
@@ -138,22 +104,13 @@ def rates(seconds: list[float], completion_tokens: list[float], rows: int) -> di
     }
 
 
-def policy_gradient_loss(logprobs, old_logprobs, advantages, mask, logits, cfg) -> tuple[torch.Tensor, dict]:
-    """tasks/rl/policy_gradient.py's ``policy_gradient_loss`` on one rank, no entropy bonus, no KL term."""
-    losses, clipped = POLICY_LOSSES[cfg.policy_loss](
-        logprobs, old_logprobs, advantages, mask, eps_low=cfg.clip_low, eps_high=cfg.clip_high
-    )
-    loss = agg_loss(losses, mask, cfg.loss_agg_mode, cfg.max_new_tokens)
-    with torch.no_grad():
-        entropy = masked_mean(entropy_from_logits(logits), mask)
-        log_ratio = masked(old_logprobs - logprobs, mask)
-        approx_kl = masked_mean(torch.expm1(log_ratio) - log_ratio, mask)
-    return loss, {"clip_fraction": masked_mean(clipped, mask), "entropy": entropy, "approx_kl": approx_kl}
-
-
 def alignflow_leg(args, model_dir: Path, examples: list[Example], device: torch.device, peak: float) -> dict:
+    """The grpo stage's iteration, the shipped code: its roles placed in this process (``place``: the actor with its
+    engine), ``collect`` (tasks/rl/trainer.py) rolling out and scoring, ``learn`` (tasks/rl/policy_gradient.py)
+    updating; the iteration's phases from the trainer's own clock."""
+    defaults = Params()
     cfg = replace(
-        Params().grpo,
+        defaults.grpo,
         lora=LoraConfig(rank=16, alpha=32.0),
         precision="bf16-mixed",
         actor_lr=args.lr,
@@ -164,76 +121,50 @@ def alignflow_leg(args, model_dir: Path, examples: list[Example], device: torch.
         temperature=1.0,
         kl_loss="none",
         warmup_steps=0,
+        dynamic_sampling=False,
         rewards=REWARD_WEIGHTS,
+        steps=args.steps,
     )
     assert cfg.advantage == "grpo" and cfg.policy_loss == "ppo" and cfg.loss_agg_mode == "token_mean"
-    torch.manual_seed(args.seed)
-    if args.deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
-    parameters = sum(p.numel() for p in base.parameters())
-    policy = prepared_for_training(base, cfg)
-    # as ActorWorker samples from an adapted policy: a plain copy in the compute dtype, the adapters merged in,
-    # refreshed after each update
-    sampler = AutoModelForCausalLM.from_pretrained(model_dir, dtype=compute_dtype(cfg.precision)).to(device)
-    sampler.requires_grad_(False).load_state_dict(merged_state_dict(policy))
-    engine = HFEngine(sampler, tokenizer, args.prompts, PromptFormat("auto", SYSTEM_PROMPT))
-    sampling = Sampling(cfg.max_new_tokens, n=cfg.group_size, temperature=cfg.temperature)
-    # AdamW without decay at a constant rate: adamw_with_cosine(policy, lr, 0.0, 0, None), its LoRA parameters all 2-D
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.actor_lr, weight_decay=0)
-    seen, probes = dtype_probe(policy, sampler)
-
+    task = replace(defaults.task, system_prompt=SYSTEM_PROMPT)
+    params = replace(defaults, seed=args.seed, device=device.type, task=task, grpo=cfg)
+    roles = place(params, cfg, model_dir, [], needed_roles(cfg))
+    # the worker picks deterministic kernels, as a stage does; warn_only: an op without a deterministic CUDA kernel
+    # warns instead of stopping the bench
+    torch.use_deterministic_algorithms(args.deterministic, warn_only=True)
+    actor = roles["actor"].handle
+    parameters = sum(p.numel() for p in actor.model.parameters())
+    seen, probes = dtype_probe(actor.model, actor.sampler)
+    state = LoopState(kl_coef=cfg.kl_coef)
     steps = []
-    for step in range(args.steps):
-        batch_examples = examples[step * args.prompts : (step + 1) * args.prompts]
-        synchronize()
-        started = time.perf_counter()
-        with autocast(policy, cfg.precision) if args.sampling == "bf16" else contextlib.nullcontext():
-            completions = engine.generate([e.prompt for e in batch_examples], sampling)
-        synchronize()
-        sampled = time.perf_counter()
-        scored = [rewards(batch_examples[c.prompt_index], c.text) for c in completions]
-        scores = torch.tensor([s[0] for s in scored])
-        rollout = Rollout([batch_examples[c.prompt_index] for c in completions], completions, scores, {}, {})
-        packed = rollout.packed(tokenizer)
-        engine_logprobs = sampled_logprobs(completions, packed.response_mask)
-        batch = packed.to(device)
-        mask = batch.response_mask
-        advantages, _ = ADVANTAGE_ESTIMATORS[cfg.advantage](
-            shaped_rewards(scores.to(device), mask), mask, cfg.group_size
-        )
-        synchronize()
-        prepared = time.perf_counter()
-        with autocast(policy, cfg.precision):
-            logprobs, logits = response_logprobs(policy, batch, cfg.temperature)
-        loss, metrics = policy_gradient_loss(logprobs, logprobs.detach(), advantages, mask, logits, cfg)
-        grad_norm = guarded_step(policy, optimizer, loss, cfg.grad_clip, "the actor's update")
-        sampler.load_state_dict(merged_state_dict(policy))
-        metrics = {name: value.item() for name, value in metrics.items()} | {"grad_norm": grad_norm.item()}
-        metrics |= policy_metrics(engine_logprobs, logprobs.detach().cpu(), None, packed.response_mask)
-        synchronize()
-        finished = time.perf_counter()
-        del logprobs, logits, loss
-        steps.append(
-            {
-                "seconds": finished - started,
-                "sample_seconds": sampled - started,
-                "score_seconds": prepared - sampled,
-                "update_seconds": finished - prepared,
-                "completion_tokens": sum(len(c.token_ids) for c in completions),
-                "update_tokens": int(batch.attention_mask.sum()),
-                "reward": scores.mean().item(),
-                "accuracy": sum(s[1] for s in scored) / len(scored),
-                **metrics,
-            }
-        )
-        print(f"alignflow step {step + 1}: {steps[-1]['seconds']:.3f} s", flush=True)
+    with RewardScorer(cfg.rewards, cfg.reward_timeout_seconds) as scorer:
+        for step in range(args.steps):
+            clock = dict.fromkeys(("time/generate", "time/score", "time/train"), 0.0)
+            synchronize()
+            started = time.perf_counter()
+            rollout, _ = collect(roles, scorer, examples, cfg, state, args.seed, clock)
+            metrics = learn(roles, rollout, actor.tokenizer, cfg, state, clock)
+            state.step += 1
+            synchronize()
+            steps.append(
+                {
+                    "seconds": time.perf_counter() - started,
+                    "sample_seconds": clock["time/generate"],
+                    "score_seconds": clock["time/score"],
+                    "update_seconds": clock["time/train"],
+                    "completion_tokens": sum(len(c.token_ids) for c in rollout.completions),
+                    "update_tokens": rollout.tokens(),
+                    **rollout_metrics(rollout),
+                    **metrics,
+                }
+            )
+            print(f"alignflow step {step + 1}: {steps[-1]['seconds']:.3f} s", flush=True)
     for probe in probes:
         probe.remove()
+    release(roles)
     timed = steps[1:]
     update_seconds, update_tokens = sum(s["update_seconds"] for s in timed), sum(s["update_tokens"] for s in timed)
-    result = rates([s["seconds"] for s in steps], [s["completion_tokens"] for s in steps], len(completions))
+    result = rates([s["seconds"] for s in steps], [s["completion_tokens"] for s in steps], len(rollout.completions))
     result |= {
         "sample_seconds_per_step": round(sum(s["sample_seconds"] for s in timed) / len(timed), 4),
         "score_seconds_per_step": round(sum(s["score_seconds"] for s in timed) / len(timed), 4),
@@ -246,11 +177,9 @@ def alignflow_leg(args, model_dir: Path, examples: list[Example], device: torch.
         "last_step": {k: round(v, 5) if isinstance(v, float) else v for k, v in steps[-1].items()},
         "layer_output_dtype": seen,
         "deterministic_algorithms": args.deterministic,
-        "guarded_step": GUARDED_STEP,
         "peak_memory_gib": memory_gib(device),
     }
     torch.use_deterministic_algorithms(False)
-    del policy, base, sampler, engine, optimizer
     return result
 
 
@@ -345,7 +274,10 @@ def run(args: argparse.Namespace) -> None:
             "model": "SmolLM2-135M architecture, random weights (seeded, saved once, loaded by both legs)",
             "lora": "rank 16, alpha 32, dropout 0, all-linear",
             "precision": "fp32 weights and AdamW, bf16 autocast over the training passes, on both legs",
-            "sampling_precision": "bf16 autocast" if args.sampling == "bf16" else "fp32 (no autocast)",
+            "sampling_precision": {
+                "alignflow": "a merged bf16 copy of the policy, as the stage samples",
+                "trl": "bf16 autocast" if args.sampling == "bf16" else "fp32 (no autocast)",
+            },
             "task": "2-digit additions through the chat template, system prompt 'Solve the problem.'",
             "steps": args.steps,
             "prompts_per_step": args.prompts,
@@ -368,8 +300,9 @@ def run(args: argparse.Namespace) -> None:
         if "alignflow" in legs:
             result["alignflow"] = alignflow_leg(args, model_dir, examples, device, peak)
             free(device)
-        if "trl" in legs:
-            result["trl"] = trl_leg(args, model_dir, examples, device, Path(scratch) / "trl")
+        if "trl" in legs:  # each step's prompts in the order collect draws them
+            order = [i for step in range(args.steps) for i in epoch_batch(len(examples), args.prompts, step, args.seed)]
+            result["trl"] = trl_leg(args, model_dir, [examples[i] for i in order], device, Path(scratch) / "trl")
             free(device)
     if "alignflow" in result and "trl" in result:
         result["alignflow_over_trl_steps_per_second"] = round(

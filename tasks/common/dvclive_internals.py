@@ -5,7 +5,12 @@ interpreter's shutdown after a failed stage, dulwich's pack finalisers print a t
 closes it. ``tests/test_house.py`` fails when the installed dvclive is not ``PINNED`` or the attribute moved.
 """
 
-from dvclive import Live
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dvclive import Live
 
 PINNED = "3.49.1"  # pyproject.toml's dvclive pin: revisit this module when that changes
 

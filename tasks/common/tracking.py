@@ -1,15 +1,19 @@
 """Stage metrics through dvclive, written atomically so ``dvc metrics/plots/exp show`` read whole runs only."""
 
+from __future__ import annotations
+
 import contextlib
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-from dvclive import Live
+from typing import TYPE_CHECKING
 
 from tasks.common.artifacts import PERF_FILE, PERF_STEPS_FILE, atomic_output, metrics_dir
 from tasks.common.dvclive_internals import close_repo
+
+if TYPE_CHECKING:
+    from dvclive import Live
 
 
 @contextmanager
@@ -21,6 +25,8 @@ def stage_live(stage: str, into: Path | None = None) -> Iterator[Live]:
     dvc.yaml declares the metrics and plots, so dvclive must not edit it (dvcyaml=None),
     and no wall-clock values are logged: metrics files are hashed into dvc.lock.
     """
+    from dvclive import Live  # here, where tracking starts: the trainer's modules load without DVCLive
+
     with atomic_output(metrics_dir(stage)) if into is None else contextlib.nullcontext(into) as directory:
         live = Live(str(directory), dvcyaml=None, save_dvc_exp=False, report=None)
         try:

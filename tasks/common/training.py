@@ -1,6 +1,8 @@
 """Pieces every training stage shares: determinism, the optimiser and schedule, resumable checkpoints, the
 fixed-length training loop (``fit``: SFT, DPO, the reward model) and writing what it trained."""
 
+from __future__ import annotations
+
 import contextlib
 import copy
 import hashlib
@@ -13,11 +15,10 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from dvclive import Live
 from tqdm.auto import tqdm
 from transformers import (
     PreTrainedModel,
@@ -33,6 +34,9 @@ from tasks.common.distributed import SINGLE, Rank, full_state_dict, load_trainin
 from tasks.common.errors import NonFiniteError, cause
 from tasks.common.flops import matmul_peak, mfu
 from tasks.common.tracking import log_step, stage_live, write_perf
+
+if TYPE_CHECKING:
+    from dvclive import Live
 
 DIVERGED = "diverged.json"  # beside a checkpoint: the run stopped on a non-finite quantity after saving it
 
@@ -207,7 +211,7 @@ class Checkpointer:
         recovery_config = {key: value for key, value in config.items() if key not in RECOVERY_KNOBS}
         self.recovery_key = fingerprint(recovery_config, self._inputs_digest)
 
-    def part(self, name: str) -> "Checkpointer":
+    def part(self, name: str) -> Checkpointer:
         """The checkpointer of ``name``, one of several models a stage trains in turn (an ensemble's members): a
         fingerprint of its own under the stage's, so each resumes apart and ``clear`` removes them all."""
         part = copy.copy(self)

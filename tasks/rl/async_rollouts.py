@@ -14,7 +14,7 @@ With ``max_staleness`` 0 nothing is handed out ahead: each iteration draws, samp
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tasks.common.config import RLConfig
@@ -30,6 +30,7 @@ class Sampled:
 
     examples: list[Example]
     pending: Any  # a Result: ``.result()`` waits for the completions
+    handed_out: int  # the iteration during which the engines were given them (they held its starting weights)
 
     def result(self) -> list[Completion]:
         return self.pending.result()
@@ -52,12 +53,13 @@ def draw(examples: list[Example], cfg: RLConfig, state: LoopState, seed: int) ->
     return batch
 
 
-def sample(roles: dict[str, Any], examples: list[Example]) -> Sampled:
-    """Hand ``examples`` to the rollout role: ``group_size`` responses of each (episodes, for a task with tools or an
-    environment). An engine apart returns at once; one in the actor's process samples before returning."""
+def sample(roles: dict[str, Any], examples: list[Example], step: int) -> Sampled:
+    """Hand ``examples`` to the rollout role during iteration ``step``: ``group_size`` responses of each (episodes,
+    for a task with tools or an environment). An engine apart returns at once; one in the actor's process samples
+    before returning."""
     engines = roles["rollout"]
     pending = engines.play(examples) if engines.episodes else engines.generate([e.prompt for e in examples])
-    return Sampled(examples, pending)
+    return Sampled(examples, pending, step)
 
 
 class RolloutsAhead:
@@ -89,11 +91,12 @@ class RolloutsAhead:
         last = min(step + self.cfg.max_staleness, self.cfg.steps - 1)
         for ahead in range(after + 1, last + 1):
             if self.samples_at(ahead):
-                self.in_flight.append((ahead, sample(self.roles, draw(self.examples, self.cfg, state, self.seed))))
+                batch = draw(self.examples, self.cfg, state, self.seed)
+                self.in_flight.append((ahead, sample(self.roles, batch, step)))
 
-    def state(self) -> list[tuple[int, list[Example], list[Completion]]]:
+    def state(self) -> list[tuple[int, Sampled]]:
         """The rollouts in flight, waited for: what a checkpoint keeps."""
-        return [(step, sampled.examples, sampled.result()) for step, sampled in self.in_flight]
+        return [(step, replace(sampled, pending=_AtHand(sampled.result()))) for step, sampled in self.in_flight]
 
-    def load_state(self, saved: list[tuple[int, list[Example], list[Completion]]]) -> None:
-        self.in_flight = deque((step, Sampled(examples, _AtHand(done))) for step, examples, done in saved)
+    def load_state(self, saved: list[tuple[int, Sampled]]) -> None:
+        self.in_flight = deque(saved)

@@ -15,8 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import ray
-
 from tasks.common.config import ConfigError, Params, RLConfig, StageResources, engine_in_actor
 from tasks.common.distributed import RoleGroup
 from tasks.data.problems import Example
@@ -35,7 +33,11 @@ class Pending:
         self.value, self.remote = value, remote
 
     def result(self) -> Any:
-        return ray.get(self.value) if self.remote else self.value
+        if not self.remote:
+            return self.value
+        import ray  # Ray only where a role runs on it: colocated roles load and run without it
+
+        return ray.get(self.value)
 
     def ref(self) -> Any:
         """The result as it is, to hand to another role: a Ray object stays unfetched."""
@@ -49,6 +51,8 @@ class Worker:
         if resources is None:
             self.handle, self.remote = role(*args), False
         else:
+            import ray
+
             actor = ray.remote(role).options(
                 num_cpus=resources.num_cpus,
                 num_gpus=resources.num_gpus,
@@ -63,6 +67,8 @@ class Worker:
 
     def close(self) -> None:
         if self.remote:
+            import ray
+
             ray.kill(self.handle)
 
 
@@ -156,6 +162,8 @@ def place(
 
 def check_engines_fit(engines: int, resources: StageResources, section: str) -> None:
     """Ray would leave engines that the cluster cannot hold pending forever: refuse them, naming the key."""
+    import ray
+
     needed = {"CPU": resources.num_cpus, "GPU": resources.num_gpus, "memory": resources.memory_gb * 2**30}
     total = ray.cluster_resources()
     short = [name for name, amount in needed.items() if amount and amount * engines > total.get(name, 0)]

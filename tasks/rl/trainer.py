@@ -132,15 +132,16 @@ def collect(
     With asynchronous rollouts (``ahead``), its first batch may have been handed out iterations ago, and the next
     iterations' go out before this one's is scored."""
     kept: list[Rollout] = []
-    groups_kept, rounds, zero_variance = 0, 0, []
+    groups_kept, rounds, zero_variance, stats = 0, 0, [], {}
     while rounds < cfg.max_sampling_rounds:
         sampled = ahead.take(state.step) if ahead is not None and rounds == 0 else None
         if sampled is None:
             started = time.perf_counter()  # an engine in the actor's process samples before returning
-            sampled = sample(roles, draw(examples, cfg, state, seed))
+            sampled = sample(roles, draw(examples, cfg, state, seed), state.step)
             clock["time/generate"] += time.perf_counter() - started
         if ahead is not None and rounds == 0:
             ahead.hand_out(state.step, state)
+            stats["staleness"] = state.step - sampled.handed_out  # iterations the sampling weights lag the actor's
         rounds += 1
         rollout = score(roles, scorer, sampled, cfg, clock)
         state.episodes += episode_rows(rollout, state.step + 1)  # every one played, a group dropped below or not
@@ -153,9 +154,8 @@ def collect(
         groups_kept += int(informative.sum())
         if groups_kept >= cfg.rollout_batch_size:
             break
-    stats = {}
     if cfg.group_size > 1:
-        stats = {"zero_variance_groups": sum(zero_variance) / len(zero_variance), "sampling_rounds": rounds}
+        stats |= {"zero_variance_groups": sum(zero_variance) / len(zero_variance), "sampling_rounds": rounds}
     if groups_kept == 0:
         return None, stats
     rollout = Rollout.join(kept)

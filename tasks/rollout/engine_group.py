@@ -7,7 +7,6 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Protocol
 
-import ray
 import torch
 from transformers import PreTrainedModel
 
@@ -171,6 +170,8 @@ class EngineGroup:
 
     def load_weights(self, weights: Any) -> Result:
         """``weights`` (a dict, a Ray object holding one, or None when no sync was due) into every replica."""
+        import ray  # the replicas run on Ray actors: the engine modules load without it
+
         shared = weights if weights is None or isinstance(weights, ray.ObjectRef) else ray.put(weights)
         return _Each([replica.call("load_weights", shared) for replica in self.replicas])
 
