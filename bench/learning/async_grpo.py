@@ -10,9 +10,9 @@ with ``seed=S`` once per leg (``--legs``):
   async    the two engine actors sampling the next iteration's prompts while the actor trains
            (``grpo.max_staleness=N``), corrected by the default ``rollout_correction`` (auto: token weights).
 
-Each final model is evaluated by alignflow's evaluator on the first ``--problems`` held-out problems (greedy pass@1,
-the same problems for every leg, so a gap comes with its paired standard error). The bar: async within 0.03 of sync
-for every seed. Prints each leg's pass@1 and wall-clock seconds (2 engine processes beside the trainer on this
+Each final model is evaluated by alignflow's evaluator on the held-out split (``--problems N``: its first N; greedy
+pass@1, the same problems for every leg, so a gap comes with its paired standard error). The bar: async within 0.03
+of sync for every seed. Prints each leg's pass@1 and wall-clock seconds (2 engine processes beside the trainer on this
 machine's cores: the seconds say what async costs or saves here, not on a GPU).
 
     .venv/bin/python -m bench.learning.async_grpo [--seeds 0 1 2] [--legs sync engines async] [--staleness 1]
@@ -31,7 +31,9 @@ from tasks.params.load import load_params
 BAR = 0.03
 
 
-def main(seeds: list[int], legs: list[str], staleness: int, project: Path, problems: int, overrides: list[str]) -> None:
+def main(
+    seeds: list[int], legs: list[str], staleness: int, project: Path, problems: int | None, overrides: list[str]
+) -> None:
     built_project(project, COLD_START, overrides)
     params = load_params(str(project / "params.yaml"), overrides)
     # every leg names its settings: `alignflow stage` writes its overrides into params.yaml, where the next leg reads
@@ -54,7 +56,8 @@ def main(seeds: list[int], legs: list[str], staleness: int, project: Path, probl
             for other in ("sync", "engines"):
                 if other in verdicts:
                     rows.append((seed, other, *paired_gap(verdicts["async"], verdicts[other])))
-    print(f"\nmax_staleness {staleness}, greedy pass@1 on {problems} held-out problems (bar: within {BAR} of sync)")
+    evaluated = len(next(iter(verdicts.values())))
+    print(f"\nmax_staleness {staleness}, greedy pass@1 on {evaluated} held-out problems (bar: within {BAR} of sync)")
     for seed, other, gap, error in rows:
         verdict = ("meets" if abs(gap) <= BAR else "misses") if other == "sync" else ""
         print(f"  seed {seed}: async - {other}: {gap:+.3f} +- {error:.3f}  {verdict}")
@@ -65,7 +68,7 @@ if __name__ == "__main__":
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--legs", nargs="+", choices=("sync", "engines", "async"), default=["sync", "engines", "async"])
     parser.add_argument("--staleness", type=int, default=1)
-    parser.add_argument("--problems", type=int, default=1000, help="held-out problems evaluated")
+    parser.add_argument("--problems", type=int, help="the first N held-out problems evaluated (default: all)")
     parser.add_argument("--project", type=Path, help="the project to build once and reuse (default: a scratch one)")
     parser.add_argument("overrides", nargs="*", help="params overrides of every stage, KEY=VALUE")
     args = parser.parse_args()
