@@ -16,6 +16,10 @@
   prompts x 40 new tokens) over SmolLM2 after its cold start (``examples/smollm2.args``; built in a scratch clone
   unless ``--project`` names such a project), through the engine ``policy_engine`` gives the eval stage, in fp32
   and in bf16 (``eval.precision``).
+- ``--against compile``: the engine over the cold-start model as it is and over a copy whose forward is
+  ``torch.compile``d (inductor, dynamic shapes: the engine's batch shrinks and its cache grows every step), on the
+  GRPO rollout; prints the compilation's seconds (the first call), each one's median and whether their samples are
+  the same.
 - ``--model-config DIR`` (on a GPU: SmolLM2's config.json and tokenizer files, random weights, as ``bench.trl.grpo
   --model-config``): where an adapted SmolLM2's sampling time goes, one rollout of 16 prompts x 8, 40 new tokens,
   through the engine over the PEFT model (with and without deterministic algorithms) and over a plain model, and
@@ -27,6 +31,7 @@ reported.
     .venv/bin/python -m bench.speed.sampling [--project DIR] [--repeats 5]
     .venv/bin/python -m bench.speed.sampling --against vllm [--prompts 256] [--n 2] [--max-new-tokens 32]
     .venv/bin/python -m bench.speed.sampling --against precision [--project DIR] [--repeats 2]
+    .venv/bin/python -m bench.speed.sampling --against compile [--project DIR] [--repeats 5]
     python -m bench.speed.sampling --model-config DIR    # on the lent GPU machine: PYTHONPATH as bench/gpu/run.sh sets
 """
 
@@ -260,9 +265,32 @@ def on_a_gpu(model_config: Path, repeats: int) -> None:
     print(profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 
+def against_compile(project: Path | None, repeats: int) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        project = project or cold_start_project(Path(scratch) / "project")
+        model_dir = project / "artifacts/sft_cold"
+        eager, compiled = (load_policy(model_dir, torch.device("cpu")).eval() for _ in range(2))
+        tokenizer = load_tokenizer(model_dir)
+        prompts = [e.prompt for e in read_examples(project / "artifacts/data/test.jsonl")]
+    compiled.forward = torch.compile(compiled.forward, dynamic=True)
+    name, (count, sampling) = next(iter(WORKLOADS.items()))
+    engines = {"eager": HFEngine(eager, tokenizer, 256, BARE), "compiled": HFEngine(compiled, tokenizer, 256, BARE)}
+    started = time.perf_counter()
+    engines["compiled"].generate(prompts[:count], sampling)
+    compiling = time.perf_counter() - started
+    calls = {label: lambda e=engine: e.generate(prompts[:count], sampling) for label, engine in engines.items()}
+    medians, results = measure(calls, repeats)
+    same = [c.token_ids for c in results["eager"]] == [c.token_ids for c in results["compiled"]]
+    print(f"{name}, cold-start model; torch threads {torch.get_num_threads()}; median of {repeats}")
+    print(f"compilation (first call): {compiling:.1f} s")
+    ratio = medians["eager"] / medians["compiled"]
+    print(f"eager {medians['eager']:.3f} s, compiled {medians['compiled']:.3f} s: compiled {ratio:.2f}x eager's speed")
+    print(f"the same samples: {same}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--against", choices=("generate", "vllm", "precision"), default="generate")
+    parser.add_argument("--against", choices=("generate", "vllm", "precision", "compile"), default="generate")
     parser.add_argument("--repeats", type=int, help="timed calls of each (default 5; vllm 3; precision, GPU 2)")
     parser.add_argument("--project", type=Path, help="a project with artifacts/sft_cold (default: build one)")
     parser.add_argument("--model-config", type=Path, help="on a GPU: SmolLM2's config.json and tokenizer files")
@@ -276,6 +304,8 @@ def main() -> None:
         on_a_gpu(args.model_config, args.repeats or 2)
     elif args.against == "precision":
         against_precision(args.project, args.repeats or 2)
+    elif args.against == "compile":
+        against_compile(args.project, args.repeats or 5)
     elif args.against == "vllm":
         against_vllm(args.prompts, args.n, args.max_new_tokens, args.repeats or 3, args.hf_batch_size)
     else:
