@@ -18,20 +18,13 @@ from tasks.data.problems import Example
 from tasks.params.load import load_params
 from tasks.rl.async_rollouts import RolloutsAhead
 from tasks.rl.learner import LoopState
+from tasks.rl.placement import Pending
 from tasks.rl.trainer import collect
 from tasks.rollout.engine import Completion
 from tests.conftest import ENV, kill_at_first_checkpoint, make_project
 
 SEED = 0
 EXAMPLES = [Example("arithmetic", f"q{i}=", str(i), f"<answer>{i}</answer>") for i in range(40)]
-
-
-class _Done:
-    def __init__(self, value):
-        self.value = value
-
-    def result(self):
-        return self.value
 
 
 class VersionedEngines:
@@ -43,8 +36,9 @@ class VersionedEngines:
     def __init__(self):
         self.version = 0
 
-    def generate(self, prompts: list[str]) -> _Done:
-        return _Done([Completion(i, [1], [2], f"{p}@{self.version}", [-0.5]) for i, p in enumerate(prompts)])
+    def generate(self, prompts: list[str]) -> Pending:
+        completions = [Completion(i, [1], [2], f"{p}@{self.version}", [-0.5]) for i, p in enumerate(prompts)]
+        return Pending(completions, remote=False)
 
     def load_weights(self, version: int) -> None:
         self.version = version

@@ -48,6 +48,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from bench.harness import device_matmul_peak, synchronize
+from models import num_parameters
 from models.trainable import is_adapted
 from tasks.common.config import LoraConfig, Params
 from tasks.common.training import epoch_batch
@@ -133,7 +134,7 @@ def alignflow_leg(args, model_dir: Path, examples: list[Example], device: torch.
     # warns instead of stopping the bench
     torch.use_deterministic_algorithms(args.deterministic, warn_only=True)
     actor = roles["actor"].handle
-    parameters = sum(p.numel() for p in actor.model.parameters())
+    parameters = num_parameters(model_dir)  # the model's own, as the stage's MFU counts them (no adapters)
     seen, probes = dtype_probe(actor.model, actor.sampler)
     state = LoopState(kl_coef=cfg.kl_coef)
     steps = []

@@ -21,6 +21,7 @@ from tasks.common.config import RLConfig
 from tasks.common.training import epoch_batch
 from tasks.data.problems import Example
 from tasks.rl.learner import LoopState
+from tasks.rl.placement import Pending
 from tasks.rollout.engine import Completion
 
 
@@ -34,16 +35,6 @@ class Sampled:
 
     def result(self) -> list[Completion]:
         return self.pending.result()
-
-
-@dataclass(frozen=True)
-class _AtHand:
-    """Completions already sampled (a checkpoint's), as a Result."""
-
-    completions: list[Completion]
-
-    def result(self) -> list[Completion]:
-        return self.completions
 
 
 def draw(examples: list[Example], cfg: RLConfig, state: LoopState, seed: int) -> list[Example]:
@@ -96,7 +87,8 @@ class RolloutsAhead:
 
     def state(self) -> list[tuple[int, Sampled]]:
         """The rollouts in flight, waited for: what a checkpoint keeps."""
-        return [(step, replace(sampled, pending=_AtHand(sampled.result()))) for step, sampled in self.in_flight]
+        waited = [(step, sampled, Pending(sampled.result(), remote=False)) for step, sampled in self.in_flight]
+        return [(step, replace(sampled, pending=done)) for step, sampled, done in waited]
 
     def load_state(self, saved: list[tuple[int, Sampled]]) -> None:
         self.in_flight = deque(saved)
