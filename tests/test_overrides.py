@@ -60,12 +60,12 @@ def _submitted(form: type[pydantic.BaseModel], **changes: Any) -> pydantic.BaseM
 def test_the_sft_form_holds_what_its_stages_read_as_plain_described_fields_at_their_params_yaml_values(forms):
     schema = forms["sft"].model_json_schema()
     # dvc.yaml's data, base, sft and eval stages read these (eval plays an agent task's episodes within agent.*)
-    assert list(schema["properties"]) == ["seed", "device", "task", "data", "base", "sft", "eval", "agent"]
+    assert list(schema["properties"]) == ["seed", "device", "decoding", "task", "data", "base", "sft", "eval", "agent"]
     for node in _schema_nodes(schema):
         assert not {"anyOf", "oneOf", "allOf"} & set(node), node  # Prefect's form shows a union as a toggle
         assert node.get("type") != "null" and not isinstance(node.get("type"), list), node
     leaves = dict(_leaf_fields(schema))
-    read = {"seed", "device", "task", "data", "base", "sft", "eval", "agent"}
+    read = {"seed", "device", "decoding", "task", "data", "base", "sft", "eval", "agent"}
     placement = {"runner", "roles", "parallel"}  # the deployment's business, not a run's
     expected = {key for key, _, _ in fields_with_keys(PARAMS) if key.split(".")[0] in read}
     assert set(leaves) == {key for key in expected if not placement & set(key.split("."))}

@@ -16,14 +16,16 @@
   prompts x 40 new tokens) over SmolLM2 after its cold start (``examples/smollm2.args``; built in a scratch clone
   unless ``--project`` names such a project), through the engine ``policy_engine`` gives the eval stage, in fp32
   and in bf16 (``eval.precision``).
-- ``--against compile``: the engine over the cold-start model as it is and over a copy whose forward is
-  ``torch.compile``d (inductor, dynamic shapes: the engine's batch shrinks and its cache grows every step), on the
-  GRPO rollout; prints the compilation's seconds (the first call), each one's median and whether their samples are
-  the same.
+- ``--against compile``: the engine's eager decoding step against its compiled one (``decoding: compiled``:
+  static caches per batch bucket, ``tasks/rollout/decoding.py``) over the cold-start model, on each workload;
+  prints the compiled engine's first call (its compilation), each one's median, whether their samples are the same
+  and how far apart their log-probs are.
 - ``--model-config DIR`` (on a GPU: SmolLM2's config.json and tokenizer files, random weights, as ``bench.trl.grpo
   --model-config``): where an adapted SmolLM2's sampling time goes, one rollout of 16 prompts x 8, 40 new tokens,
-  through the engine over the PEFT model (with and without deterministic algorithms) and over a plain model, and
-  through ``generate`` over each; then the op profile of the engine over the PEFT model.
+  through the engine over the PEFT model (with and without deterministic algorithms) and over a plain model, eager
+  and with the compiled decoding step (CUDA graphs; the bar: 15,000 tokens/s in bf16), and through ``generate``
+  over each (the plain model also with transformers' static cache, which it compiles); then the op profile of the
+  engine over the PEFT model.
 
 Each call is timed ``--repeats`` times after a warm-up (the calls of a workload alternating), and the median
 reported.
@@ -222,7 +224,8 @@ def against_vllm(num_prompts: int, n: int, max_new_tokens: int, repeats: int, hf
 
 def on_a_gpu(model_config: Path, repeats: int) -> None:
     def timed(label: str, sample) -> None:
-        print(f"{label:60s} {measure({label: sample}, repeats)[0][label]:.3f} s", flush=True)
+        seconds = measure({label: sample}, repeats)[0][label]
+        print(f"{label:60s} {seconds:.3f} s, {128 * 40 / seconds:,.0f} tokens/s at 128 x 40", flush=True)
 
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     device = torch.device("cuda")
@@ -235,9 +238,10 @@ def on_a_gpu(model_config: Path, repeats: int) -> None:
     prompt_format = PromptFormat("auto", SYSTEM_PROMPT)
     prompts = [example.prompt for example in problems(16, 0)]
     sampling = Sampling(40, n=8, temperature=1.0)
-    engine, plain_engine = (
+    engine, plain_engine, compiled_engine = (
         HFEngine(adapted, tokenizer, 16, prompt_format),
         HFEngine(plain, tokenizer, 16, prompt_format),
+        HFEngine(plain, tokenizer, 16, prompt_format, compiled=True),
     )
     with torch.autocast("cuda", dtype=torch.bfloat16):
         timed("engine, PEFT model, bf16 autocast", lambda: engine.generate(prompts, sampling))
@@ -245,20 +249,33 @@ def on_a_gpu(model_config: Path, repeats: int) -> None:
         timed("engine, PEFT model, bf16 autocast, deterministic", lambda: engine.generate(prompts, sampling))
         torch.use_deterministic_algorithms(False)
     timed("engine, plain bf16 model (the adapters merged)", lambda: plain_engine.generate(prompts, sampling))
+    started = time.perf_counter()
+    compiled_engine.generate(prompts, sampling)
+    print(f"compiled decoding: first call (compilation, graph capture) {time.perf_counter() - started:.1f} s")
+    timed(
+        "engine, plain bf16 model, compiled decoding (CUDA graphs)", lambda: compiled_engine.generate(prompts, sampling)
+    )
     tokenizer.padding_side = "left"
     conversations = [[{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": p}] for p in prompts]
     inputs = tokenizer.apply_chat_template(
         conversations, add_generation_prompt=True, padding=True, return_tensors="pt", return_dict=True
     ).to(device)
 
-    def generate(model):
+    def generate(model, cache: str | None = None):
         return lambda: model.generate(
-            **inputs, do_sample=True, top_k=0, max_new_tokens=40, min_new_tokens=40, num_return_sequences=8
+            **inputs,
+            do_sample=True,
+            top_k=0,
+            max_new_tokens=40,
+            min_new_tokens=40,
+            num_return_sequences=8,
+            cache_implementation=cache,
         )
 
     with torch.autocast("cuda", dtype=torch.bfloat16):
         timed("transformers' generate, PEFT model, bf16 autocast", generate(adapted))
     timed("transformers' generate, plain bf16 model", generate(plain))
+    timed("transformers' generate, plain bf16 model, static cache (compiled)", generate(plain, "static"))
     with torch.autocast("cuda", dtype=torch.bfloat16), torch.profiler.profile() as profile:
         engine.generate(prompts, sampling)
         torch.cuda.synchronize()
@@ -269,23 +286,28 @@ def against_compile(project: Path | None, repeats: int) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         project = project or cold_start_project(Path(scratch) / "project")
         model_dir = project / "artifacts/sft_cold"
-        eager, compiled = (load_policy(model_dir, torch.device("cpu")).eval() for _ in range(2))
-        tokenizer = load_tokenizer(model_dir)
+        model, tokenizer = load_policy(model_dir, torch.device("cpu")).eval(), load_tokenizer(model_dir)
         prompts = [e.prompt for e in read_examples(project / "artifacts/data/test.jsonl")]
-    compiled.forward = torch.compile(compiled.forward, dynamic=True)
-    name, (count, sampling) = next(iter(WORKLOADS.items()))
-    engines = {"eager": HFEngine(eager, tokenizer, 256, BARE), "compiled": HFEngine(compiled, tokenizer, 256, BARE)}
-    started = time.perf_counter()
-    engines["compiled"].generate(prompts[:count], sampling)
-    compiling = time.perf_counter() - started
-    calls = {label: lambda e=engine: e.generate(prompts[:count], sampling) for label, engine in engines.items()}
-    medians, results = measure(calls, repeats)
-    same = [c.token_ids for c in results["eager"]] == [c.token_ids for c in results["compiled"]]
-    print(f"{name}, cold-start model; torch threads {torch.get_num_threads()}; median of {repeats}")
-    print(f"compilation (first call): {compiling:.1f} s")
-    ratio = medians["eager"] / medians["compiled"]
-    print(f"eager {medians['eager']:.3f} s, compiled {medians['compiled']:.3f} s: compiled {ratio:.2f}x eager's speed")
-    print(f"the same samples: {same}")
+    engines = {"eager": HFEngine(model, tokenizer, 256, BARE), "compiled": HFEngine(model, tokenizer, 256, BARE, True)}
+    print(f"cold-start model; torch threads {torch.get_num_threads()}; median of {repeats}")
+    for name, (count, sampling) in WORKLOADS.items():
+        started = time.perf_counter()
+        engines["compiled"].generate(prompts[:count], sampling)  # compiles the step for the buckets it meets
+        compiling = time.perf_counter() - started
+        calls = {
+            label: lambda e=engine, c=count, s=sampling: e.generate(prompts[:c], s) for label, engine in engines.items()
+        }
+        medians, results = measure(calls, repeats)
+        eager, compiled = results["eager"], results["compiled"]
+        same = [c.token_ids for c in eager] == [c.token_ids for c in compiled]
+        pairs = [(x, y) for x, y in zip(eager, compiled, strict=True) if x.token_ids == y.token_ids]
+        gap = max((abs(a - b) for x, y in pairs for a, b in zip(x.logprobs, y.logprobs, strict=True)), default=0.0)
+        ratio = medians["eager"] / medians["compiled"]
+        print(
+            f"{name}: eager {medians['eager']:.3f} s, compiled {medians['compiled']:.3f} s (first call "
+            f"{compiling:.1f} s): compiled {ratio:.2f}x eager's speed; the same samples: {same}, log-probs of "
+            f"the same samples apart by up to {gap:.1e}"
+        )
 
 
 def main() -> None:

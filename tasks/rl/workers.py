@@ -61,6 +61,7 @@ from tasks.data.prompts import PromptFormat
 from tasks.rl.core_algos import REWARD_ENSEMBLES, clipped_value_loss
 from tasks.rl.reward_kinds import RewardModel
 from tasks.rl.sequences import PackedBatch, response_logprobs, shared_prompt_logits
+from tasks.rollout.decoding import compiled_decoding
 from tasks.rollout.engine import Completion, Sampling
 from tasks.rollout.engine_group import EpisodeRollout, make_engine, rollout_sampling
 from tasks.rollout.hf_engine import HFEngine
@@ -223,8 +224,11 @@ class ActorWorker(_TrainedRole):
         self._build(trainable_policy(model_dir, resolve_device(params.device), cfg), cfg.actor_lr, cfg, rank)
         self.updates, self.synced_at = 0, 0  # optimizer steps taken, and at which the engine was last synced
         self.sync_due = False  # engines apart from the actor are behind it by sync_every steps or more
-        self.tokenizer, self.batch_size = load_tokenizer(model_dir), params.eval.batch_size
-        self.prompt_format = PromptFormat.of(params.task)
+        self.tokenizer = load_tokenizer(model_dir)
+        # samples of the policy as it is now (held-out evaluation during training)
+        self.current = HFEngine(
+            self.model, self.tokenizer, params.eval.batch_size, PromptFormat.of(params.task), compiled_decoding(params)
+        )
         self.sampler, self.engine = None, None
         if engine_in_actor(cfg):
             self.sampler = self._sampler(model_dir)
@@ -254,7 +258,7 @@ class ActorWorker(_TrainedRole):
         devices = [self.model.device] if self.model.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), autocast(self.model, self.cfg.precision):
             torch.manual_seed(seed)
-            return HFEngine(self.model, self.tokenizer, self.batch_size, self.prompt_format).generate(prompts, sampling)
+            return self.current.generate(prompts, sampling)
 
     def _took_steps(self, steps: int) -> None:
         """Count ``steps`` optimizer steps and sync the engine once ``sync_every`` have passed since the last sync

@@ -12,6 +12,7 @@ from tasks.common.config import Params
 from tasks.data.datasets import check_prompt_lengths
 from tasks.data.problems import Example
 from tasks.data.prompts import PromptFormat, stop_token_ids
+from tasks.rollout.decoding import CompiledDecoder, CompiledSteps, EagerDecoder, compiled_decoding
 from tasks.rollout.engine import Completion, Sampling
 
 
@@ -22,14 +23,23 @@ class HFEngine:
     that have ended until the longest one does: here each prompt is prefilled once and its cache
     copied to its ``n`` samples, and a row leaves the batch at its end-of-sequence (as vLLM's
     scheduler does). ``bench/speed/sampling.py``: 1.3-1.4x ``generate``'s speed on a GRPO rollout of the
-    default task (32 prompts x 8), 1.25x on eval's pass@k sampling; greedy decoding gains little.
+    default task (32 prompts x 8), 1.25x on eval's pass@k sampling; greedy decoding gains little. The decoding
+    step is eager or ``compiled`` (``tasks/rollout/decoding.py``: static caches per batch bucket, CUDA graphs on a
+    GPU).
     """
 
     def __init__(
-        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int, prompt_format: PromptFormat
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        batch_size: int,
+        prompt_format: PromptFormat,
+        compiled: bool = False,
     ):
         self.model, self.tokenizer, self.batch_size, self.prompt_format = model, tokenizer, batch_size, prompt_format
         self.stop_ids = stop_token_ids(tokenizer, model.generation_config)
+        # the decoding step: eager, or compiled once per bucket over static caches kept for the engine's life
+        self.compiled = CompiledSteps(model.device) if compiled else None
 
     def sync_weights(self, model: PreTrainedModel) -> None:
         if model is not self.model:  # the trainer's own model needs nothing
@@ -75,11 +85,18 @@ class HFEngine:
         logits, attention_mask = logits.repeat_interleave(n, 0), attention_mask.repeat_interleave(n, 0)
         next_position = positions[:, -1:].repeat_interleave(n, 0) + 1
 
+        if self.compiled is None:
+            decoder = EagerDecoder(model, cache, attention_mask, next_position)
+        else:
+            decoder = CompiledDecoder(
+                model, cache, attention_mask, next_position, sampling.max_new_tokens, self.compiled
+            )
+
         rows = len(prompts) * n
         tokens = torch.full((rows, sampling.max_new_tokens), self.stop_ids[0], dtype=torch.long, device=model.device)
         token_logprobs = torch.zeros((rows, sampling.max_new_tokens), device=model.device)
         lengths = torch.full((rows,), sampling.max_new_tokens, device=model.device)
-        active = torch.arange(rows, device=model.device)  # the rows still sampling, in cache order
+        active = torch.arange(rows, device=model.device)  # the rows still sampling, in the decoder's order
         for step in range(sampling.max_new_tokens):
             logprobs = torch.log_softmax(logits.float() / temperature, -1)
             token = logprobs.argmax(-1) if sampling.greedy else sample_tokens(logprobs.exp())
@@ -89,26 +106,11 @@ class HFEngine:
             if ended.any():
                 lengths[active[ended]] = step + 1
                 running = (~ended).nonzero().squeeze(-1)
-                active, token, attention_mask, next_position = (
-                    active[running],
-                    token[running],
-                    attention_mask[running],
-                    next_position[running],
-                )
-                cache.batch_select_indices(running)
+                active, token = active[running], token[running]
+                decoder.keep(running)
             if len(active) == 0 or step + 1 == sampling.max_new_tokens:
                 break
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(active), 1)], -1)
-            logits = model(
-                input_ids=token[:, None],
-                # ready-made, (rows, 1, 1, cached + 1): transformers would build the same mask from the 2-D one
-                # with dozens of ops per token (an eighth of the tiny model's decoding step)
-                attention_mask=attention_mask[:, None, None, :].bool(),
-                position_ids=next_position,
-                past_key_values=cache,
-                use_cache=True,
-            ).logits[:, -1]
-            next_position = next_position + 1
+            logits = decoder.step(token)
         lengths = lengths.tolist()
         return [
             (ids[:length], values[:length])
@@ -155,4 +157,4 @@ def policy_engine(
     for source, examples in prompts.items():
         check_prompt_lengths(examples, tokenizer, prompt_format, source, limit, positions, new_tokens)
     model = load_policy(model_dir, resolve_device(params.device), compute_dtype(cfg.precision))
-    return HFEngine(model, tokenizer, batch_size or params.eval.batch_size, prompt_format)
+    return HFEngine(model, tokenizer, batch_size or params.eval.batch_size, prompt_format, compiled_decoding(params))

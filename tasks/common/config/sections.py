@@ -419,6 +419,12 @@ class SupervisedSections:
     device: Annotated[str, OneOf(DEVICES)] = param(
         "auto", "Where to train: 'cpu', 'cuda', or 'auto' (cuda when available)."
     )
+    decoding: Annotated[str, OneOf(("auto", "eager", "compiled"))] = param(
+        "auto",
+        "The HF engine's decoding step: compiled (a static KV cache per batch bucket, the step torch.compile'd "
+        "once per bucket, with CUDA graphs on a GPU), eager (transformers' growing cache, rows leave the batch as "
+        "they end), or auto (compiled on a GPU, eager on a CPU, where it measured faster: docs/speed.md).",
+    )
     task: TaskConfig = section(TaskConfig, "The task: what the model is asked, and how its answers are verified.")
     data: DataConfig = section(DataConfig, "Dataset sizes or files of your own.")
     base: BaseConfig = section(BaseConfig, "The base model: built-in tiny model or a model path.")
