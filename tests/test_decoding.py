@@ -4,12 +4,13 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from transformers import DynamicCache
 
 from models import load_policy, load_tokenizer
 from tasks.common.config import ConfigError
 from tasks.data.prompts import BARE
 from tasks.params.load import load_params
-from tasks.rollout.decoding import SMALLEST_BUCKET, bucket, compiled_decoding
+from tasks.rollout.decoding import SMALLEST_BUCKET, CompiledDecoder, CompiledSteps, bucket, compiled_decoding
 from tasks.rollout.engine import Sampling
 from tasks.rollout.hf_engine import HFEngine
 from tests.conftest import REPO, tiny_model
@@ -81,6 +82,18 @@ def test_a_second_rollout_reuses_the_buckets_caches(talkative):
     engine.generate(PROMPTS[:2], Sampling(24, n=4, greedy=True))
     assert engine.compiled.caches.keys() == caches.keys()
     assert all(engine.compiled.caches[key] is cache for key, cache in caches.items())
+
+
+def test_the_last_rows_ending_together_leave_the_bucket_as_it_is(talkative):
+    model, _ = talkative
+    rows, width = 16, 5
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=torch.randint(3, 20, (rows, width)), past_key_values=cache, use_cache=True)
+    mask, position = torch.ones(rows, width, dtype=torch.long), torch.full((rows, 1), width)
+    decoder = CompiledDecoder(model, cache, mask, position, 8, CompiledSteps(model.device))
+    decoder.keep(torch.arange(rows)[:0])
+    assert len(decoder.tokens) == rows and len(decoder.slots) == 0
 
 
 @given(st.integers(1, 5000))

@@ -109,8 +109,6 @@ class CompiledDecoder:
         self.attention_mask = attention_mask.new_zeros(rows, self.length, dtype=torch.bool)
         self.attention_mask[:, : self.filled] = attention_mask.bool()
         self.position = position
-        self.slots = torch.arange(rows, device=position.device)  # each running row's row in the bucket
-        self.cache = None
         self._move([(layer.keys, layer.values) for layer in prefilled.layers], torch.arange(rows), bucket(rows))
 
     def _move(self, states: list[tuple[torch.Tensor, torch.Tensor]], rows: torch.Tensor, size: int) -> None:
@@ -122,13 +120,13 @@ class CompiledDecoder:
         for layer, (keys, values) in enumerate(states):
             self.cache.update(keys[index, :, : self.filled], values[index, :, : self.filled], layer)
         self.attention_mask, self.position = self.attention_mask[index], self.position[index]
-        self.tokens = self.position.new_zeros(size)
-        self.slots = torch.arange(len(rows), device=index.device)
+        self.tokens = self.position.new_zeros(size)  # the bucket's input tokens; padding and ended rows' unread
+        self.slots = torch.arange(len(rows), device=index.device)  # each running row's row in the bucket
 
     def keep(self, running: torch.Tensor) -> None:
         self.slots = self.slots[running]
         size = len(self.tokens)
-        if size > SMALLEST_BUCKET and len(self.slots) <= size // 2:
+        if size > SMALLEST_BUCKET and 0 < len(self.slots) <= size // 2:  # none left: the rollout is over
             states = [(layer.keys, layer.values) for layer in self.cache.layers]
             self._move(states, self.slots, bucket(len(self.slots)))
 
