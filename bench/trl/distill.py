@@ -6,7 +6,9 @@ generation length, temperature, divergence and number of optimizer steps.
    (``artifacts/sft_distill``). A scratch clone of this repo builds one (about 8 minutes) unless ``--project``
    names one, which is only read. Both legs train on the same first ``steps x batch`` training prompts, each
    seen once (alignflow's epoch order and TRL's sampler each shuffle them).
-2. alignflow: the distill stage's iteration in this process, the roles colocated as ``place`` puts them:
+2. alignflow: the distill stage's iteration in this process, the roles colocated as ``place`` puts them, once per
+   ``--decoding`` (the engine's decoding step: eager, the default on a CPU, or compiled; the compiled leg's first
+   step compiles it):
    ``collect`` (the student samples one response per prompt through its rollout engine, and the stage's
    rule-based rewards score them in their own process, as the stage pays for them, though at ``reward_coef`` 0
    they train nothing) and ``learn_distillation`` (the teacher's logits over the vocabulary, then one actor step
@@ -29,6 +31,7 @@ Each leg's first step (warm-up) is left out of its timing. Prints steps/s of eve
 and, with the evaluation, pass@1.
 
     .venv/bin/python -m bench.trl.distill [--steps N] [--batch B] [--threads T] [--project DIR] [--no-eval]
+        [--decoding eager compiled]
 """
 
 import argparse
@@ -69,9 +72,12 @@ def prompt_slice(project: Path, rows: int, out: Path) -> Path:
     return out
 
 
-def alignflow_leg(project: Path, prompts: Path, steps: int, batch: int, out: Path) -> tuple[list[float], dict]:
-    """Step times of ``steps`` distill iterations (collect + learn_distillation), and the time split and mean
-    response length of the steps after the first; the trained student goes to ``out``."""
+def alignflow_leg(
+    project: Path, prompts: Path, steps: int, batch: int, decoding: str, out: Path
+) -> tuple[list[float], dict]:
+    """Step times of ``steps`` distill iterations (collect + learn_distillation) with the engine's ``decoding``
+    step, and the time split and mean response length of the steps after the first; the trained student goes to
+    ``out``."""
     from models import load_tokenizer
     from tasks.common.training import make_deterministic
     from tasks.data.datasets import read_examples
@@ -86,6 +92,7 @@ def alignflow_leg(project: Path, prompts: Path, steps: int, batch: int, out: Pat
     overrides = {
         "seed": SEED,
         "device": "cpu",  # as TRL's use_cpu, even where a GPU is visible
+        "decoding": decoding,
         "distill.steps": steps,
         "distill.rollout_batch_size": batch,
         "distill.group_size": 1,
@@ -162,7 +169,7 @@ def pass_at_1(project: Path, model: Path) -> float:
     return greedy_responses(engine, examples, params.eval.max_new_tokens)[1][:, 1].float().mean().item()
 
 
-def main(steps: int, batch: int, threads: int, project: Path | None, evaluate: bool) -> None:
+def main(steps: int, batch: int, threads: int, project: Path | None, evaluate: bool, decodings: list[str]) -> None:
     if steps < 2:
         raise SystemExit("--steps: at least 2 (the first step is warm-up and left out)")
     trl_python()
@@ -177,11 +184,13 @@ def main(steps: int, batch: int, threads: int, project: Path | None, evaluate: b
             before = {
                 role: pass_at_1(project, project / path) for role, path in (("student", STUDENT), ("teacher", TEACHER))
             }
-        out = scratch / "alignflow"
-        seconds, ours = alignflow_leg(project, prompts, steps, batch, out)
-        rates["alignflow"] = 1 / statistics.mean(seconds[1:])
-        if evaluate:
-            finals["alignflow"] = pass_at_1(project, out)
+        splits = {}
+        for decoding in decodings:
+            name, out = f"alignflow, decoding {decoding}", scratch / f"alignflow-{decoding}"
+            seconds, splits[name] = alignflow_leg(project, prompts, steps, batch, decoding, out)
+            rates[name] = 1 / statistics.mean(seconds[1:])
+            if evaluate:
+                finals[name] = pass_at_1(project, out)
         for index, (name, checkpointing) in enumerate(TRL_LEGS.items()):
             out = scratch / f"trl-{index}"
             rates[name] = 1 / statistics.mean(trl_leg(project, prompts, steps, batch, threads, checkpointing, out)[1:])
@@ -200,11 +209,13 @@ def main(steps: int, batch: int, threads: int, project: Path | None, evaluate: b
     for name, rate in rates.items():
         quality = f"  pass@1 {finals[name]:.3f}" if evaluate else ""
         print(f"  {name:<42} {rate:6.3f} steps/s{quality}")
-    split = ", ".join(f"{phase} {share:.0%}" for phase, share in ours["split"].items())
-    print(f"  alignflow's step: {split}; mean response {ours['response_length']:.1f} tokens")
-    for name in TRL_LEGS:
-        quality = f"; pass@1 {finals['alignflow'] - finals[name]:+.3f}" if evaluate else ""
-        print(f"alignflow / {name}: {rates['alignflow'] / rates[name]:.2f}x steps/s (target: >= 1.5x){quality}")
+    for ours, split in splits.items():
+        phases = ", ".join(f"{phase} {share:.0%}" for phase, share in split["split"].items())
+        print(f"  {ours}'s step: {phases}; mean response {split['response_length']:.1f} tokens")
+    for ours in splits:
+        for name in TRL_LEGS:
+            quality = f"; pass@1 {finals[ours] - finals[name]:+.3f}" if evaluate else ""
+            print(f"{ours} / {name}: {rates[ours] / rates[name]:.2f}x steps/s (target: >= 1.5x){quality}")
 
 
 if __name__ == "__main__":
@@ -214,5 +225,8 @@ if __name__ == "__main__":
     parser.add_argument("--threads", type=int, default=1, help="torch threads of both legs")
     parser.add_argument("--project", type=Path, help="a project with the stages up to sft_distill run (only read)")
     parser.add_argument("--no-eval", dest="evaluate", action="store_false", help="skip held-out pass@1")
+    parser.add_argument(
+        "--decoding", nargs="+", default=["eager"], choices=("eager", "compiled"), help="alignflow's legs' decoding"
+    )
     arguments = parser.parse_args()
-    main(arguments.steps, arguments.batch, arguments.threads, arguments.project, arguments.evaluate)
+    main(arguments.steps, arguments.batch, arguments.threads, arguments.project, arguments.evaluate, arguments.decoding)
