@@ -185,7 +185,7 @@ def main(steps: int, batch: int, threads: int, project: Path | None, evaluate: b
                 role: pass_at_1(project, project / path) for role, path in (("student", STUDENT), ("teacher", TEACHER))
             }
         splits = {}
-        for decoding in decodings:
+        for decoding in dict.fromkeys(decodings):
             name, out = f"alignflow, decoding {decoding}", scratch / f"alignflow-{decoding}"
             seconds, splits[name] = alignflow_leg(project, prompts, steps, batch, decoding, out)
             rates[name] = 1 / statistics.mean(seconds[1:])
