@@ -12,8 +12,6 @@ tells them which rows are still sampling (``keep``) and feeds them those rows' l
   engine, so a bucket's graph replays on the same buffers in every rollout.
 """
 
-from collections.abc import Callable
-
 import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 
@@ -73,9 +71,24 @@ class CompiledSteps:
 
     def __init__(self, device: torch.device):
         # reduce-overhead captures CUDA graphs; a CPU has none to capture
-        mode = "reduce-overhead" if device.type == "cuda" else None
-        self.step: Callable[..., torch.Tensor] = torch.compile(_forward_step, mode=mode, dynamic=False)
+        self.graphs = device.type == "cuda"
+        mode = "reduce-overhead" if self.graphs else None
+        self._step = torch.compile(_forward_step, mode=mode, dynamic=False)
         self.caches: dict[tuple[int, int, torch.dtype], StaticCache] = {}
+
+    def step(
+        self,
+        model: PreTrainedModel,
+        token: torch.Tensor,
+        mask: torch.Tensor,
+        position: torch.Tensor,
+        cache: StaticCache,
+    ) -> torch.Tensor:
+        """(rows, vocab) logits after ``token`` (rows, 1), ``mask`` (rows, 1, 1, cache length) the slots to attend."""
+        if self.graphs:
+            # each call a new step of CUDA graph trees: the previous step's outputs, already read, may be reused
+            torch.compiler.cudagraph_mark_step_begin()
+        return self._step(model, token, mask, position, cache)
 
     def cache(self, model: PreTrainedModel, rows: int, length: int, dtype: torch.dtype) -> StaticCache:
         """The bucket's cache, emptied."""
@@ -84,7 +97,8 @@ class CompiledSteps:
             config = model.config
             cache = StaticCache(config=config, max_cache_len=length)
             head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-            cache.early_initialization(rows, config.num_key_value_heads, head_dim, dtype, model.device)
+            heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+            cache.early_initialization(rows, heads, head_dim, dtype, model.device)
             self.caches[key] = cache
         cache = self.caches[key]
         cache.reset()
