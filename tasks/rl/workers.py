@@ -61,10 +61,9 @@ from tasks.data.prompts import PromptFormat
 from tasks.rl.core_algos import REWARD_ENSEMBLES, clipped_value_loss
 from tasks.rl.reward_kinds import RewardModel
 from tasks.rl.sequences import PackedBatch, response_logprobs, shared_prompt_logits
-from tasks.rollout.decoding import compiled_decoding
 from tasks.rollout.engine import Completion, Sampling
 from tasks.rollout.engine_group import EpisodeRollout, make_engine, rollout_sampling
-from tasks.rollout.hf_engine import HFEngine
+from tasks.rollout.hf_engine import params_engine
 
 
 def _minibatches(size: int, minibatch_size: int, epochs: int) -> list[torch.Tensor]:
@@ -226,9 +225,7 @@ class ActorWorker(_TrainedRole):
         self.sync_due = False  # engines apart from the actor are behind it by sync_every steps or more
         self.tokenizer = load_tokenizer(model_dir)
         # samples of the policy as it is now (held-out evaluation during training)
-        self.current = HFEngine(
-            self.model, self.tokenizer, params.eval.batch_size, PromptFormat.of(params.task), compiled_decoding(params)
-        )
+        self.current = params_engine(params, self.model, self.tokenizer)
         self.sampler, self.engine = None, None
         if engine_in_actor(cfg):
             self.sampler = self._sampler(model_dir)

@@ -16,10 +16,9 @@ from tasks.common.config import AgentConfig, Params, RLConfig
 from tasks.common.training import make_deterministic, rng_state, set_rng_state
 from tasks.data.problems import Example, task_module, task_of
 from tasks.data.prompts import PromptFormat
-from tasks.rollout.decoding import compiled_decoding
 from tasks.rollout.engine import Completion, RolloutEngine, Sampling
 from tasks.rollout.episodes import play
-from tasks.rollout.hf_engine import HFEngine
+from tasks.rollout.hf_engine import params_engine
 
 # Seeds of the engine replicas, apart from the actor's (params.seed) and the critic's (params.seed + 1)
 ENGINE_SEED_OFFSET = 1000
@@ -64,7 +63,7 @@ def make_engine(
         engine = VLLMEngine(model_dir, seed, max_length, PromptFormat.of(params.task), dtype, cfg.vllm)
         engine.sync_weights(model)
         return engine
-    return HFEngine(model, tokenizer, params.eval.batch_size, PromptFormat.of(params.task), compiled_decoding(params))
+    return params_engine(params, model, tokenizer)
 
 
 class EngineWorker:

@@ -157,4 +157,13 @@ def policy_engine(
     for source, examples in prompts.items():
         check_prompt_lengths(examples, tokenizer, prompt_format, source, limit, positions, new_tokens)
     model = load_policy(model_dir, resolve_device(params.device), compute_dtype(cfg.precision))
-    return HFEngine(model, tokenizer, batch_size or params.eval.batch_size, prompt_format, compiled_decoding(params))
+    return params_engine(params, model, tokenizer, batch_size)
+
+
+def params_engine(
+    params: Params, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int | None = None
+) -> HFEngine:
+    """An engine over ``model`` in params' prompt format and ``decoding`` step, ``batch_size`` prompts at a time
+    (eval.batch_size by default)."""
+    prompt_format, compiled = PromptFormat.of(params.task), compiled_decoding(params)
+    return HFEngine(model, tokenizer, batch_size or params.eval.batch_size, prompt_format, compiled)
