@@ -186,6 +186,16 @@ MALFORMED_CONFIGS = [
     (["runner.schedules={sfft: '0 3 * * 1'}"], "runner.schedules.sfft: not a pipeline (sft, rlhf"),
     (["sft.parallel.resources_per_worker={node_b: -1}"], "sft.parallel.resources_per_worker.node_b: an amount"),
     (["grpo.parallel.resources_per_worker={'': 1}"], "grpo.parallel.resources_per_worker: a resource needs a name"),
+    (["grpo.max_staleness=true"], "grpo.max_staleness: must be an integer, got the boolean true"),
+    (["sft.lr=false"], "sft.lr: must be a number, got the boolean false"),
+    (["grpo.steps=4", "grpo.max_staleness=4"], "grpo.max_staleness: 4 iterations of staleness in a run of grpo"),
+    (
+        ["grpo.rollout_correction.rejection=token", "grpo.rollout_correction.rejection_bound=1"],
+        "grpo.rollout_correction.rejection_bound: 1 keeps only the tokens whose ratio pi_old/mu is exactly 1",
+    ),
+    (["ppo.guard.signal=judge", "reward_model.judge=false"], "ppo.guard.signal: judge reads the reward model's judge"),
+    (["grpo.guard.signal=judge"], "grpo.guard.signal: judge judges the reward model's exploitation"),
+    (["ppo.guard.every=0"], "ppo.guard.every: must be >= 1, got 0"),
     (["=1"], "override '=1': no key before '='"),
     (["sft.init=${nosuch.key}"], "override 'sft.init=${nosuch.key}': sft.init: Interpolation key 'nosuch.key'"),
 ]

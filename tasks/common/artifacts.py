@@ -23,6 +23,7 @@ ARTIFACTS = Path("artifacts")
 DATA_DIR = ARTIFACTS / "data"
 PREFERENCES_DIR = ARTIFACTS / "preferences"
 REWARD_MODEL_DIR = ARTIFACTS / "reward_model"
+JUDGE = "judge"  # the reward model's judge, beside its members
 METRICS = Path("metrics")
 CHECKPOINTS = Path(".alignflow") / "checkpoints"
 # What is kept per user rather than per project: the machine's matmul peak, the registries' catalog.
@@ -75,6 +76,12 @@ EPISODES_FILE = "episodes.jsonl"  # an agent task's episodes, every turn, beside
 def member_dirs(root: Path = REWARD_MODEL_DIR) -> list[Path]:
     """The reward-model ensemble's model directories, in member order."""
     return sorted(root.glob("member-*"), key=lambda path: int(path.name.split("-")[1]))
+
+
+def judge_dir(root: Path = REWARD_MODEL_DIR) -> Path | None:
+    """The reward model's judge (trained on the held-out pairs), when it has one."""
+    path = root / JUDGE
+    return path if path.is_dir() else None
 
 
 @contextlib.contextmanager

@@ -110,6 +110,20 @@ def _override_reading(key: str, overrides: dict[str, str]) -> str:
     )
 
 
+def _booleans_for_numbers(values: dict[str, Any], prefix: str = "") -> Iterator[str]:
+    """A boolean where the schema wants a number: pydantic would read true as 1 (``max_staleness=true``)."""
+    for name, value in values.items():
+        key = f"{prefix}{name}"
+        if isinstance(value, dict):
+            yield from _booleans_for_numbers(value, f"{key}.")
+        elif isinstance(value, bool) and (info := field_at(key)) is not None:
+            wanted = _unwrap(info.annotation)
+            if wanted not in (int, float):
+                continue
+            what = "an integer" if wanted is int else "a number"
+            yield f"{key}: must be {what}, got the boolean {str(value).lower()}"
+
+
 def schema_errors(error: ValidationError, overrides: Sequence[str] = ()) -> list[str]:
     """pydantic's errors as ``key: what is wrong``, in the words the CLI has always used; a value an override gave
     that YAML read as another type than its text says what it was read as."""
@@ -237,6 +251,8 @@ def load_params(path: str | Path = "params.yaml", overrides: list[str] | tuple[s
         given = {item.partition("=")[0].strip(): item for item in overrides}
         where = f"override {given[key]!r}" if (key := getattr(error, "full_key", None)) in given else path
         raise ConfigError(f"{where}: {_describe(error)}") from None
+    if errors := list(_booleans_for_numbers(values)):
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
     try:
         params = _PARAMS.validate_python(values)
     except ValidationError as error:

@@ -146,6 +146,31 @@ def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
                 yield f"{name}.{key}.{reward}: not a reward ({', '.join(allowed)}, or module:function of your own)"
             if not math.isfinite(weight):
                 yield f"{name}.{key}.{reward}: the weight must be a finite number, got {weight}"
+    rewarded_by_model = reads_reward_model and bool(cfg.rewards.get(REWARD_MODEL))
+    if cfg.guard.signal in ("judge", "ensemble") and not rewarded_by_model:
+        yield (
+            f"{name}.guard.signal: {cfg.guard.signal} judges the reward model's exploitation, and {name} is not "
+            f"rewarded by the reward model ({name}.rewards.{REWARD_MODEL}); auto or none"
+        )
+    if cfg.guard.signal == "judge" and not params.reward_model.judge:
+        yield f"{name}.guard.signal: judge reads the reward model's judge; set reward_model.judge=true"
+    if cfg.guard.signal != "none" and cfg.parallel.strategy == "fsdp" and cfg.parallel.num_workers > 1:
+        yield (
+            f"{name}.guard.signal: the guard keeps a whole copy of the policy's weights, which fsdp workers shard; "
+            f"none, or {name}.parallel.strategy=ddp"
+        )
+    if cfg.max_staleness >= cfg.steps:
+        yield (
+            f"{name}.max_staleness: {cfg.max_staleness} iterations of staleness in a run of {name}.steps="
+            f"{cfg.steps} would train every iteration on the starting policy's samples; at most steps - 1"
+        )
+    correction = cfg.rollout_correction
+    if correction.rejection != "none" and correction.rejection_bound == 1:
+        yield (
+            f"{name}.rollout_correction.rejection_bound: 1 keeps only the tokens whose ratio pi_old/mu is exactly 1, "
+            "so any gap between the engine and the trainer (bfloat16, another kernel, a stale policy) rejects every "
+            "token; above 1 (2 is IcePop's), or rejection: none"
+        )
     if cfg.max_staleness and engine_in_actor(cfg):
         yield (
             f"{name}.max_staleness: asynchronous rollouts sample on rollout engine actors while the actor trains, "

@@ -43,7 +43,7 @@ import torch
 from tqdm.auto import tqdm
 
 from models import context_length, load_tokenizer, num_parameters
-from tasks.common.artifacts import EPISODES_FILE, atomic_output, model_dir
+from tasks.common.artifacts import EPISODES_FILE, atomic_output, judge_dir, model_dir
 from tasks.common.config import Params, RLConfig, to_dict
 from tasks.common.errors import NonFiniteError, cause
 from tasks.common.flops import mfu
@@ -65,6 +65,7 @@ from tasks.kinds import stage_kinds
 from tasks.rl.async_rollouts import RolloutsAhead, Sampled, draw, sample
 from tasks.rl.core_algos import adaptive_kl_coef, informative_groups
 from tasks.rl.gold_vs_proxy import peak, rl_curve, write_curve
+from tasks.rl.guard import Guard, guard_signal
 from tasks.rl.learner import Learner, LoopState, Rollout, RunningMoments
 from tasks.rl.placement import Roles, placed
 from tasks.rl.policy_gradient import POLICY_GRADIENT
@@ -293,13 +294,19 @@ def train(
     ):
         samples_at = (lambda step: learner.offline(step) is None) if learner.offline else (lambda step: True)
         ahead = RolloutsAhead(roles, examples, cfg, params.seed, samples_at) if cfg.max_staleness else None
-        state, reference_reset = _resume(roles, checkpointer, cfg, ahead)
+        judge = judge_dir(reward_dirs[0].parent) if reward_dirs else None
+        signal = guard_signal(cfg, REWARD_MODEL in cfg.rewards and "reward" in roles, judge is not None)
+        guard = Guard(signal, examples[: cfg.guard.prompts]) if signal else None
+        state, reference_reset = _resume(roles, checkpointer, cfg, ahead, guard)
         for logged_step, metrics in state.history:
             log_step(live, logged_step, metrics)
         heldout = read_examples(train_file.with_name("test.jsonl"))[: cfg.heldout_prompts] if cfg.heldout_every else []
-        if heldout and state.step == 0:
-            state.history.append((0, {HELDOUT: heldout_gold_reward(roles, heldout, cfg, params.seed)}))
-            log_step(live, 0, state.history[-1][1])
+        if state.step == 0 and (heldout or guard):
+            first = {HELDOUT: heldout_gold_reward(roles, heldout, cfg, params.seed)} if heldout else {}
+            if guard:
+                first |= guard.judge(roles, 0, cfg, probe_seed(params.seed, 0))
+            state.history.append((0, first))
+            log_step(live, 0, first)
         progress = tqdm(range(state.step, cfg.steps), desc=stage, initial=state.step, total=cfg.steps)
         parameters, updates = num_parameters(init_dir), Throughput()
         workers = cfg.parallel.num_workers
@@ -318,8 +325,11 @@ def train(
                     metrics |= learner.learn(roles, rollout, tokenizer, cfg, state, clock)
                     if roles["rollout"].apart:  # a sync, when one is due, hands the actor's weights to the engines
                         roles["rollout"].load_weights(roles["actor"].call("weights_for_engines").ref())
-                if heldout and ((step + 1) % cfg.heldout_every == 0 or step + 1 == cfg.steps):
+                over_budget = cfg.kl_budget_stop and metrics.get("kl", 0.0) > cfg.kl_budget
+                if heldout and ((step + 1) % cfg.heldout_every == 0 or step + 1 == cfg.steps or over_budget):
                     metrics[HELDOUT] = heldout_gold_reward(roles, heldout, cfg, params.seed + step + 1)
+                if guard and (guard.due(step + 1, cfg) or over_budget):
+                    metrics |= guard.judge(roles, step + 1, cfg, probe_seed(params.seed, step + 1))
             except NonFiniteError as error:  # raised by a role (maybe on a Ray actor) that does not know the step
                 raise NonFiniteError(f"{stage} step {step + 1}: {cause(error)}") from None
             if cfg.kl_target is not None and "kl" in metrics:
@@ -347,8 +357,13 @@ def train(
                     if alarm.split()[0] not in raised:
                         progress.write(f"WARNING {stage} step {state.step}: {alarm}")
                     raised.add(alarm.split()[0])
+            if over_budget:
+                kl = metrics["kl"]
+                progress.write(f"{stage} step {state.step}: KL {kl:.3f} passed kl_budget={cfg.kl_budget}: stop")
+                live.summary["stopped_at"] = state.step
+                break
             if state.step % cfg.save_every == 0 and state.step < cfg.steps:
-                checkpointer.save(_checkpoint(roles, state, reference_reset, ahead))
+                checkpointer.save(_checkpoint(roles, state, reference_reset, ahead, guard))
         final = _latest(state.history)
         for name in ("reward", "gold_reward", "accuracy", "truncated_rate", "kl", "kl_coef", "entropy", "divergence"):
             if name in final:
@@ -371,7 +386,14 @@ def train(
                 renamed = {"tokens_per_second": "update_tokens_per_second", "mfu": "update_mfu"}
                 numbers |= {renamed.get(k, k): v for k, v in updates.numbers(parameters, threads, workers).items()}
             write_perf(live, numbers, timings)
+        if guard:
+            if guard.kept_step != state.step:  # the kept iteration's weights become the artifact
+                roles["actor"].call("restore", guard.kept_weights).result()
+            live.summary["guard/kept_iteration"] = guard.kept_step
+            progress.write(f"{stage}: guard: {guard.report(state.step)['why']}")
         roles["actor"].call("save", out, init_dir).result()
+        if guard:
+            guard.write(out, state.step)
         if state.episodes:
             with open(out / EPISODES_FILE, "w") as handle:
                 handle.writelines(json.dumps(row) + "\n" for row in state.episodes)
@@ -394,11 +416,17 @@ def episode_rows(rollout: Rollout, step: int) -> list[dict[str, Any]]:
     return rows
 
 
+def probe_seed(seed: int, step: int) -> int:
+    """The guard's probe after iteration ``step`` samples from a seed of its own (not heldout's, not training's)."""
+    return seed + 7919 * (step + 1)
+
+
 def _resume(
-    roles: Roles, checkpointer: Checkpointer, cfg: RLConfig, ahead: RolloutsAhead | None
+    roles: Roles, checkpointer: Checkpointer, cfg: RLConfig, ahead: RolloutsAhead | None, guard: Guard | None
 ) -> tuple[LoopState, dict | None]:
     """The loop's state, and the reference's weights when it has been reset: fresh, or from the checkpoint, whose
-    models, optimisers and random states are loaded into the roles (and its rollouts in flight into ``ahead``)."""
+    models, optimisers and random states are loaded into the roles (its rollouts in flight into ``ahead``, its
+    probes and kept weights into ``guard``)."""
     if (checkpoint := checkpointer.load()) is None:
         return LoopState(kl_coef=cfg.kl_coef), None
     for role in ("actor", "critic"):
@@ -413,6 +441,8 @@ def _resume(
     set_rng_state(checkpoint["rng"])
     if ahead is not None:
         ahead.load_state(checkpoint["ahead"])
+    if guard is not None:
+        guard.load_state(checkpoint["guard"])
     moments = RunningMoments(**checkpoint["state"]["moments"])
     return LoopState(**{**checkpoint["state"], "moments": moments}), checkpoint["reference"]
 
@@ -425,8 +455,11 @@ def _latest(history: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
     return latest
 
 
-def _checkpoint(roles: Roles, state: LoopState, reference: dict | None, ahead: RolloutsAhead | None) -> dict[str, Any]:
+def _checkpoint(
+    roles: Roles, state: LoopState, reference: dict | None, ahead: RolloutsAhead | None, guard: Guard | None
+) -> dict[str, Any]:
     return {
+        "guard": guard.state() if guard is not None else None,
         "ahead": ahead.state() if ahead is not None else None,  # first: the engines' state is theirs after these
         **{role: roles[role].call("state").result() for role in ("actor", "critic") if role in roles},
         "engines": roles["rollout"].state().result() if roles["rollout"].apart else None,

@@ -13,6 +13,11 @@ implicit kind the backbone's reference beside it). ``scoring.json`` holds the sc
 Held-out metrics are for the ensemble's mean score: ``accuracy`` against the gold judge's
 noise-free order, ``label_accuracy`` against the held-out labels as given, the mean
 margin r_better − r_worse, and the mean reward of chosen and of rejected responses.
+
+With ``reward_model.judge`` a judge of the same kind is trained the other way round: on the held-out pairs, scored
+on the training pairs (``judge/...``), and saved as ``artifacts/reward_model/judge``. The training reward never saw
+its pairs, so the RL stages' over-optimisation guard (``tasks/rl/guard.py``) reads it to tell a real gain from an
+exploited reward model.
 """
 
 import functools
@@ -24,7 +29,7 @@ import torch
 
 from models import load_policy, load_reward_model, load_tokenizer, resolve_device
 from models.trainable import prepared_for_training, weights_dtype
-from tasks.common.artifacts import REWARD_MODEL_DIR, atomic_output, member_dirs, model_dir
+from tasks.common.artifacts import JUDGE, REWARD_MODEL_DIR, atomic_output, member_dirs, model_dir
 from tasks.common.config import OptimizationConfig, Params, RewardModelConfig, to_dict
 from tasks.common.distributed import Rank, data_parallel_step, run_data_parallel
 from tasks.common.registry import StageRun
@@ -166,11 +171,14 @@ def run(stage: StageRun) -> None:
     params, cfg, inputs = stage.params, stage.config, stage.inputs
     train_pairs = read_preferences(inputs["preferences"] / "train.jsonl")
     test_pairs = read_preferences(inputs["preferences"] / "test.jsonl")
-    if len(train_pairs) < cfg.batch_size:
-        raise ValueError(
-            f"reward_model: {len(train_pairs)} training pairs, fewer than reward_model.batch_size={cfg.batch_size}"
-        )
     backbone, entry = inputs["backbone"], REWARD_KINDS[cfg.kind]
+    judged = entry.trains and cfg.judge
+    for split, pairs in (("training", train_pairs), ("held-out", test_pairs if judged else train_pairs)):
+        if len(pairs) < cfg.batch_size:
+            raise ValueError(
+                f"reward_model: {len(pairs)} {split} pairs, fewer than reward_model.batch_size={cfg.batch_size}"
+                + (" (reward_model.judge trains on the held-out pairs)" if split == "held-out" else "")
+            )
     config = {"stage": "reward_model", "seed": params.seed, **to_dict(cfg)}
     checkpointer = Checkpointer("reward_model", config, [backbone, inputs["preferences"]])
     with atomic_output(REWARD_MODEL_DIR) as out, stage_live("reward_model") as live:
@@ -187,11 +195,20 @@ def run(stage: StageRun) -> None:
             history = train_member(params, cfg, backbone, params.seed + member, train_pairs, member_dir, part)
             for step, metrics in history:
                 log_step(live, step, metrics, prefix=f"{member_dir.name}/train/")
+        if judged:
+            # its own seed, past every member's: the judge is not one of them
+            judge_seed = params.seed + cfg.ensemble_size
+            history = train_member(params, cfg, backbone, judge_seed, test_pairs, out / JUDGE, checkpointer.part(JUDGE))
+            for step, metrics in history:
+                log_step(live, step, metrics, prefix=f"{JUDGE}/train/")
         train_seconds = time.perf_counter() - started
         held_out = [_held_out_scores(params, member, test_pairs) for member in member_dirs(out)]
         chosen = torch.stack([c for c, _ in held_out]).mean(0)
         rejected = torch.stack([r for _, r in held_out]).mean(0)
         metrics = preference_metrics(chosen, rejected, test_pairs)
+        if judged:
+            judge_metrics = preference_metrics(*_held_out_scores(params, out / JUDGE, train_pairs), train_pairs)
+            metrics |= {f"{JUDGE}/{name}": value for name, value in judge_metrics.items()}
         for name, value in metrics.items():
             live.log_metric(name, round(value, 6), plot=False)
     checkpointer.clear()

@@ -81,6 +81,34 @@ class RolloutCorrectionConfig:
 
 
 @schema_section
+class GuardConfig:
+    """The over-optimisation guard (``tasks/rl/guard.py``): every ``every`` iterations the policy's samples on a
+    fixed probe of prompts are judged by a signal it is not trained on, and the stage's artifact is the iteration
+    that signal rates best, not the last one."""
+
+    signal: Annotated[str, OneOf(("auto", "judge", "ensemble", "none"))] = param(
+        "auto",
+        "judge: the reward model's judge (reward_model.judge: trained on the held-out preference pairs, which the "
+        "training reward never saw); ensemble: the members' conservative score, mean - reward_ensemble_std_coef x "
+        "std; none: keep the last iteration; auto: judge when the stage is rewarded by a reward model that has one, "
+        "else none.",
+    )
+    every: int = param(10, "Iterations between probes (one also before the first and one after the last).", ge=1)
+    prompts: int = param(
+        64,
+        "Prompts probed: the first N of the training split, sampled group_size times each from a seed of their "
+        "own, never trained on.",
+        ge=1,
+    )
+    min_gain: float = param(
+        0.0,
+        "A later probe replaces the kept iteration only when its judged score is higher by more than this (in the "
+        "signal's units): noise between probes should not move the choice.",
+        ge=0,
+    )
+
+
+@schema_section
 class RLConfig(SamplingConfig, ModelTrainingConfig):
     """One RL stage: PPO, GRPO and their kin share this schema and one trainer (``tasks/rl/trainer.py``).
 
@@ -130,6 +158,12 @@ class RLConfig(SamplingConfig, ModelTrainingConfig):
     kl_target: float | None = param(4.0, "Adaptive KL: target KL per response in nats; null keeps kl_coef fixed.", gt=0)
     kl_horizon: int = param(10000, "Adaptive KL horizon (Ziegler et al., 2019), in responses.", ge=1)
     kl_budget: float = param(8.0, "Largest acceptable KL per response; the run warns above it.", gt=0)
+    kl_budget_stop: bool = param(
+        False,
+        "Stop updating once the policy's KL from its reference passes kl_budget (the iteration is logged as "
+        "stopped_at); false only warns.",
+    )
+    guard: GuardConfig = section(GuardConfig, "The over-optimisation guard: which iteration becomes the artifact.")
     ref_reset_every: int | None = param(
         None, "Reset the reference to the current policy every N iterations (iterative GRPO); null: never.", ge=1
     )

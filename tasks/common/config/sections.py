@@ -325,6 +325,12 @@ class RewardModelConfig(AdamWConfig):
     ensemble_size: int = param(
         1, "Reward models trained from different seeds; their consumers combine them (reward_ensemble).", ge=1
     )
+    judge: bool = param(
+        True,
+        "Also train a judge, a reward model of the same kind on the held-out pairs (the test split), scored on the "
+        "training pairs: the signal of the RL stages' over-optimisation guard (guard.signal), which the training "
+        "reward never saw.",
+    )
     backbone: str = param(
         "sft",
         "The model the reward model is fine-tuned from (a model trained before it): sft, which has learnt the task "

@@ -1,0 +1,116 @@
+"""The over-optimisation guard: which iteration of an RL stage becomes its artifact, decided without the gold judge.
+
+A policy trained on a learned reward can raise that reward while getting worse (Gao et al., 2022): the reward model
+is exploited. The guard watches a signal the policy is not trained on. Before the first iteration, every
+``guard.every`` iterations and after the last, the policy samples a fixed probe of prompts (the first
+``guard.prompts`` of the training split, ``group_size`` samples each, from a seed of its own: the training's random
+streams are left as they were) and the reward role judges the samples:
+
+- ``judge``: the reward model's judge, trained on the held-out preference pairs, which the training reward never saw
+  (``reward_model.judge``); a real gain raises both, an exploited quirk of the training reward raises only it;
+- ``ensemble``: the members' conservative score, mean − λ·std (Coste et al., 2024): responses the members disagree
+  on are worth less.
+
+The probe the signal rates best (by more than ``guard.min_gain`` over the kept one) is kept: its weights are
+snapshotted, and the stage saves them instead of the last iteration's. Every probe logs ``guard/score``,
+``guard/disagreement`` (the members' spread) and, for the curves only, ``guard/gold_reward`` (never read here);
+``guard.json`` beside the model names the iteration kept and why.
+"""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tasks.common.config import RLConfig
+from tasks.data.judge import gold_utility
+from tasks.data.problems import Example
+from tasks.rl.placement import Roles
+from tasks.rollout.engine import Sampling
+
+GUARD_FILE = "guard.json"
+SIGNALS = ("judge", "ensemble")
+
+
+def guard_signal(cfg: RLConfig, rewarded_by_model: bool, has_judge: bool) -> str | None:
+    """The signal ``cfg.guard`` asks for, ``auto`` resolved (None: no guard); ValueError naming the key when it
+    cannot be had."""
+    signal = cfg.guard.signal
+    if signal == "auto":
+        return "judge" if rewarded_by_model and has_judge else None
+    if signal == "none":
+        return None
+    if not rewarded_by_model:
+        raise ValueError(f"guard.signal={signal}: the stage is not rewarded by a reward model (rewards.reward_model)")
+    if signal == "judge" and not has_judge:
+        raise ValueError(
+            "guard.signal=judge: the reward model has no judge (set reward_model.judge=true and re-run reward_model)"
+        )
+    return signal
+
+
+@dataclass
+class Guard:
+    """The probes so far, and the iteration kept with its weights (None until the first probe)."""
+
+    signal: str
+    probe: list[Example]
+    probes: list[dict[str, float]] = field(default_factory=list)
+    kept_step: int | None = None
+    kept_score: float = float("-inf")
+    kept_weights: dict[str, torch.Tensor] | None = None
+
+    def due(self, step: int, cfg: RLConfig) -> bool:
+        """Whether iteration ``step`` (0: before the first) ends with a probe."""
+        return step % cfg.guard.every == 0 or step == cfg.steps
+
+    def judge(self, roles: Roles, step: int, cfg: RLConfig, seed: int) -> dict[str, float]:
+        """Probe the policy as it is after iteration ``step``: its metrics, and the weights kept when the signal
+        rates it best."""
+        sampling = Sampling(cfg.max_new_tokens, n=cfg.group_size, temperature=cfg.temperature)
+        prompts = [e.prompt for e in self.probe]
+        completions = roles["actor"].call("sample_current", prompts, sampling, seed).result()
+        per_response = [prompts[c.prompt_index] for c in completions]
+        judged = roles["reward"].call("judge_scores", per_response, completions).result()
+        gold = [gold_utility(self.probe[c.prompt_index], c.text) for c in completions]
+        score = judged[self.signal].mean().item()
+        metrics = {
+            "guard/score": score,
+            "guard/disagreement": judged["disagreement"].mean().item(),
+            "guard/gold_reward": sum(gold) / len(gold),  # for the curves: the choice never reads it
+        }
+        if self.kept_step is None or score > self.kept_score + cfg.guard.min_gain:
+            self.kept_step, self.kept_score = step, score
+            self.kept_weights = roles["actor"].call("weights").result()
+        metrics["guard/kept_iteration"] = float(self.kept_step)
+        self.probes.append({"step": step, **metrics})
+        return metrics
+
+    def report(self, last_step: int) -> dict[str, Any]:
+        """What ``guard.json`` holds: the signal, the iteration kept and why, every probe."""
+        if self.kept_step == last_step:
+            why = f"the last iteration's probe scored highest by {self.signal} ({self.kept_score:.4f})"
+        else:
+            last = self.probes[-1]["guard/score"]
+            why = (
+                f"iteration {self.kept_step}'s probe scored {self.kept_score:.4f} by {self.signal}, the last "
+                f"iteration's ({last_step}) {last:.4f}: the training reward rose past what the {self.signal} confirms"
+            )
+        return {"signal": self.signal, "kept_iteration": self.kept_step, "why": why, "probes": self.probes}
+
+    def write(self, out: Path, last_step: int) -> None:
+        (out / GUARD_FILE).write_text(json.dumps(self.report(last_step), indent=1) + "\n")
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "probes": self.probes,
+            "kept_step": self.kept_step,
+            "kept_score": self.kept_score,
+            "kept_weights": self.kept_weights,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.probes, self.kept_step = state["probes"], state["kept_step"]
+        self.kept_score, self.kept_weights = state["kept_score"], state["kept_weights"]
