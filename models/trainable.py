@@ -2,8 +2,9 @@
 
 - ``precision``: fp32 (float32 weights and math: the default, and what keeps the tiny model's runs bit-exact);
   bf16 (bfloat16 weights and math); bf16-mixed (float32 weights and optimiser, the forward passes under bfloat16
-  autocast). The frozen roles (reference, reward model, teacher) and the rollout engines compute in the precision's
-  compute dtype (``compute_dtype``), vLLM included.
+  autocast); auto (bf16-mixed where the device computes bfloat16 natively, else fp32: ``resolved_precision``,
+  applied to every section when a stage starts). The frozen roles (reference, reward model, teacher) and the
+  rollout engines compute in the precision's compute dtype (``compute_dtype``), vLLM included.
 - ``lora.rank`` > 0: the model's weights stay frozen and rank-r adapters on ``lora.target_modules`` train (a
   classification head, which the base model lacks, trains whole). The reference of an adapted policy is the same
   model with its adapters disabled, not a second copy; what the stage writes is the merged model, which
@@ -24,6 +25,24 @@ ADAPTER_DIR = "adapter"  # beside the merged model: the adapter alone, loadable 
 COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "bf16-mixed": torch.bfloat16}
 WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "bf16-mixed": torch.float32}
 _HEADS = ("score", "classifier")  # a classification head the base model lacks: trained whole, not adapted
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes bfloat16 matmuls natively: a CUDA GPU of compute capability 8.0 or more, or a CPU
+    with AMX or AVX-512 BF16 (a CPU without them runs them tens of times slower than float32: docs/real-models.md)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    cpuinfo = Path("/proc/cpuinfo")
+    flags = set(cpuinfo.read_text().split()) if cpuinfo.is_file() else set()
+    return bool(flags & {"amx_bf16", "avx512_bf16"})
+
+
+def resolved_precision(precision: str, device: torch.device, bf16: str) -> str:
+    """``precision`` with ``auto`` made ``bf16`` (a training stage's bf16-mixed, a sampling stage's bf16) where the
+    device computes bfloat16 natively, else fp32."""
+    if precision != "auto":
+        return precision
+    return bf16 if native_bf16(device) else "fp32"
 
 
 def compute_dtype(precision: str) -> torch.dtype:

@@ -72,7 +72,7 @@ FEW_STEPS = (
 
 def test_every_pipeline_runs_smollm2_through_the_overlay(tmp_path):
     """`alignflow repro <pipeline> @examples/smollm2.args`, as a user runs it from the defaults, for every
-    pipeline: each stage trains SmolLM2 (LoRA in bf16-mixed where the overlay says so) and writes a model that
+    pipeline: each stage trains SmolLM2 (LoRA, in the precision the overlay resolves to here) and writes a model that
     transformers loads."""
     project = make_project(tmp_path)
     shutil.copy(REPO / "params.yaml", project / "params.yaml")  # the defaults, not the tests' tiny params

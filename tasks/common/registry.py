@@ -7,6 +7,7 @@ A stage's name is its kind, then ``@`` and a target for kinds that take one: ``s
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -122,9 +123,25 @@ def stage_run(name: str, params: Params) -> StageRun:
     return StageRun(name, kind, params, StageInputs(read_artifacts(kind, params, target)), target)
 
 
+def with_precisions_resolved(params: Params) -> Params:
+    """``params`` with every section's ``precision: auto`` made what this machine's device computes best
+    (``models.trainable.resolved_precision``): a stage sees only concrete precisions."""
+    from models import resolve_device
+    from models.trainable import resolved_precision
+    from tasks.common.config import InferenceConfig
+
+    device = resolve_device(params.device)
+    for field in dataclasses.fields(params):
+        cfg = getattr(params, field.name)
+        if getattr(cfg, "precision", None) == "auto":
+            bf16 = "bf16" if isinstance(cfg, InferenceConfig) else "bf16-mixed"
+            setattr(params, field.name, dataclasses.replace(cfg, precision=resolved_precision("auto", device, bf16)))
+    return params
+
+
 def run_stage(name: str, params: Params) -> None:
-    """Run the stage ``name`` (as dvc.yaml names it) with ``params``."""
-    run = stage_run(name, params)
+    """Run the stage ``name`` (as dvc.yaml names it) with ``params``, its precisions resolved."""
+    run = stage_run(name, with_precisions_resolved(params))
     module, _, function = run.kind.entry.partition(":")
     with stage_lock(name), landing_together():
         getattr(importlib.import_module(module), function)(run)

@@ -20,7 +20,7 @@ def training_errors(params: Params) -> Iterator[str]:
         if not (isinstance(info.annotation, type) and issubclass(info.annotation, PRECISE_SECTIONS)):
             continue
         cfg = getattr(params, name)
-        if cfg.precision != "fp32" and not _device_runs_bf16(params.device):
+        if cfg.precision not in ("fp32", "auto") and not _device_runs_bf16(params.device):
             yield (
                 f"{name}.precision: {cfg.precision} needs bfloat16, which this GPU lacks (compute capability < 8.0); "
                 "fp32"

@@ -101,7 +101,7 @@ class StudentBaseConfig(BaseConfig):
     )
 
 
-PRECISIONS = ("fp32", "bf16", "bf16-mixed")
+PRECISIONS = ("fp32", "bf16", "bf16-mixed", "auto")
 
 
 @schema_section
@@ -127,8 +127,9 @@ class ModelTrainingConfig:
     precision: Annotated[str, OneOf(PRECISIONS)] = param(
         "fp32",
         "fp32: float32 weights and math (bit-exact on CPU); bf16: bfloat16 weights and math (half the memory); "
-        "bf16-mixed: float32 weights and optimiser, forward passes in bfloat16 autocast. The frozen roles and the "
-        "engines (vLLM's dtype) compute in bfloat16 under either bf16.",
+        "bf16-mixed: float32 weights and optimiser, forward passes in bfloat16 autocast; auto: bf16-mixed where the "
+        "device computes bfloat16 natively (a GPU of compute capability >= 8.0, a CPU with AMX or AVX-512 BF16), "
+        "fp32 elsewhere. The frozen roles and the engines (vLLM's dtype) compute in bfloat16 under either bf16.",
     )
     gradient_checkpointing: bool = param(
         False,
@@ -226,10 +227,11 @@ class InferenceConfig(SamplingConfig):
     """Sampling by a stage that only runs a model (evaluation, preference pairs, rejection sampling), in a dtype of
     its own: the RL stages' engines sample in their training precision's."""
 
-    precision: Annotated[str, OneOf(("fp32", "bf16"))] = param(
+    precision: Annotated[str, OneOf(("fp32", "bf16", "auto"))] = param(
         "fp32",
-        "The dtype the model samples in: fp32 (bit-exact on CPU) or bf16 (the RL engines' and vLLM's dtype under a "
-        "bf16 precision; faster where the CPU or GPU computes in bfloat16).",
+        "The dtype the model samples in: fp32 (bit-exact on CPU), bf16 (the RL engines' and vLLM's dtype under a "
+        "bf16 precision; faster where the CPU or GPU computes in bfloat16), or auto (bf16 where the device computes "
+        "bfloat16 natively, else fp32).",
     )
 
 
