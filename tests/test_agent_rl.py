@@ -12,9 +12,10 @@ from test_episodes import Scripted, call, ending_often, segments
 import examples.calculator as calculator
 import examples.guess_number as guess_number
 from models import build_char_tokenizer, build_tiny_llama, load_tokenizer
+from tasks.algos.tokens import token_logprobs
 from tasks.common.config import BaseConfig, Params
 from tasks.common.training import make_deterministic
-from tasks.rl.core_algos import gae, last_token_index, reinforce_pp_advantages, shaped_rewards, token_logprobs
+from tasks.rl.core_algos import gae, last_token_index, reinforce_pp_advantages, shaped_rewards
 from tasks.rl.learner import LoopState, Rollout
 from tasks.rl.placement import place
 from tasks.rl.policy_gradient import learn, needed_roles, policy_gradient_loss

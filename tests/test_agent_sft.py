@@ -9,11 +9,11 @@ import torch
 
 import examples.calculator as calculator
 from models import build_char_tokenizer
+from tasks.algos.supervised import sft_loss
 from tasks.common.config import SFTConfig
+from tasks.data.observations import ObservationFormat
 from tasks.data.problems import Example, trace_turns
 from tasks.data.prompts import BARE, finished_response_ids
-from tasks.rl.core_algos import sft_loss
-from tasks.rollout.episodes import ObservationFormat
 from tasks.stages.sft import SFTBatches
 
 

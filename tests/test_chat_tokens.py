@@ -20,8 +20,8 @@ from tasks.data.problems import Example, score_response
 from tasks.data.prompts import BARE, PromptFormat, PromptFormatError
 from tasks.rl.learner import Rollout
 from tasks.rl.reward_kinds import Scoring
+from tasks.rl.reward_role import RewardWorker
 from tasks.rl.sequences import response_logprobs
-from tasks.rl.workers import RewardWorker
 from tasks.rollout.engine import Sampling
 from tasks.rollout.hf_engine import HFEngine
 from tasks.stages.sft import SFTBatches

@@ -1,4 +1,4 @@
-"""Closed-form checks of the pure math in tasks/rl/core_algos.py."""
+"""Closed-form checks of the shared pure math in tasks/algos (token log-probs, SFT loss, pass@k)."""
 
 import math
 
@@ -7,7 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.rl.core_algos import masked_mean, pass_at_k, sft_loss, token_logprobs
+from tasks.algos.supervised import pass_at_k, sft_loss
+from tasks.algos.tokens import masked_mean, token_logprobs
 
 
 def test_sft_loss_is_cross_entropy_over_response_tokens_only():

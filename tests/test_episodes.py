@@ -15,13 +15,14 @@ from test_chat_tokens import TEMPLATE, bpe_model  # noqa: F401 (a fixture: SmolL
 from transformers import LlamaForCausalLM
 
 from models import build_char_tokenizer, build_tiny_llama, load_policy, load_tokenizer
+from tasks.algos.supervised import sft_loss
+from tasks.algos.tokens import token_logprobs
 from tasks.common.config import BaseConfig, ConfigError, Params, VLLMConfig
 from tasks.common.training import make_deterministic
 from tasks.data.environments import check_tool_tags
 from tasks.data.problems import Example, TaskError, task_module
 from tasks.data.prompts import BARE
 from tasks.params.load import load_params
-from tasks.rl.core_algos import sft_loss, token_logprobs
 from tasks.rollout.engine import Completion, Sampling
 from tasks.rollout.episodes import episode_tensors, run_episodes
 from tasks.rollout.hf_engine import HFEngine

@@ -5,6 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tasks.algos.tokens import masked_mean
 from tasks.rl.core_algos import (
     ADVANTAGE_ESTIMATORS,
     GROUP_STD_EPS,
@@ -12,7 +13,6 @@ from tasks.rl.core_algos import (
     POLICY_LOSSES,
     agg_loss,
     informative_groups,
-    masked_mean,
     overlong_penalty,
     sequence_ratio,
 )

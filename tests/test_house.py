@@ -19,6 +19,7 @@ LAYERS = (
     "models",
     "tasks.kinds",
     "tasks.common",
+    "tasks.algos",
     "tasks.pipelines",
     "tasks.data",
     "tasks.rollout",
@@ -194,3 +195,23 @@ def test_the_dvclive_adapter_closes_the_repository_live_opened(tmp_path, monkeyp
     assert repo is not None and Path(repo.root_dir) == tmp_path
     close_repo(live)
     live.end()
+
+
+def _stages_depending_on(path: str) -> set[str]:
+    import yaml
+
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    return {name for name, stage in stages.items() if path in stage.get("do", stage).get("deps", [])}
+
+
+def test_editing_an_rl_loss_reruns_only_the_stages_that_run_rl():
+    """The policy-gradient losses' file is a code dependency of the RL stages alone, and the multi-turn episodes'
+    of the stages that play them alone: SFT, the reward model and DPO share their math from tasks/algos."""
+    from tasks.common.config import Params, RLConfig
+    from tasks.common.config.fields import schema_fields
+    from tasks.kinds import stage_kinds
+
+    sections = schema_fields(Params)
+    rl = {name for name, kind in stage_kinds().items() if issubclass(sections[kind.section].annotation, RLConfig)}
+    assert _stages_depending_on("tasks/rl/core_algos.py") == rl
+    assert "sft" not in _stages_depending_on("tasks/rollout/episodes.py")

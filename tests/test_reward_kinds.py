@@ -8,11 +8,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from models import load_tokenizer
+from tasks.algos.reward_models import REWARD_ENSEMBLES
 from tasks.common.config import Params, RewardModelConfig
 from tasks.common.training import Checkpointer
 from tasks.data.datasets import PreferencePair
 from tasks.data.prompts import BARE
-from tasks.rl.core_algos import REWARD_ENSEMBLES
 from tasks.rl.reward_kinds import REFERENCE_DIR, REWARD_KINDS, Frozen, RewardModel, Scoring, pack_scored, verdict_id
 from tasks.stages.reward_model import scoring_rule, train_member
 from tests.conftest import tiny_model

@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models import load_tokenizer
+from tasks.algos.tokens import masked_mean
 from tasks.common.config import Params, RLConfig
 from tasks.common.training import epoch_batch, make_deterministic
 from tasks.data.problems import Example
 from tasks.data.prompts import BARE
-from tasks.rl.core_algos import masked_mean
 from tasks.rl.learner import LoopState, Rollout
 from tasks.rl.placement import ActorEngine, Worker, place
 from tasks.rl.policy_gradient import learn, needed_roles

@@ -8,20 +8,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.rl.core_algos import (
-    KL_ESTIMATORS,
-    agg_loss,
-    best_of_n_expectation,
-    best_of_n_kl,
-    bradley_terry_loss,
-    clipped_value_loss,
-    entropy_from_logits,
-    gae,
-    kl_k1,
-    ppo_surrogate,
-    shaped_rewards,
-    whiten,
-)
+from tasks.algos.reward_models import best_of_n_expectation, best_of_n_kl
+from tasks.algos.supervised import bradley_terry_loss
+from tasks.algos.tokens import entropy_from_logits, whiten
+from tasks.rl.core_algos import KL_ESTIMATORS, agg_loss, clipped_value_loss, gae, kl_k1, ppo_surrogate, shaped_rewards
 
 F64 = torch.float64  # closed forms are checked to 1e-9: compute in double precision
 

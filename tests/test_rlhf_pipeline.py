@@ -8,13 +8,13 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from models import load_tokenizer
+from tasks.algos.reward_models import best_of_n_kl
 from tasks.common.artifacts import DATA_DIR, member_dirs, model_dir
 from tasks.data.datasets import read_examples, read_preferences
 from tasks.data.judge import gold_utility
 from tasks.data.prompts import BARE
 from tasks.params.load import load_params
 from tasks.rl.async_rollouts import sample
-from tasks.rl.core_algos import best_of_n_kl
 from tasks.rl.learner import LoopState, Rollout
 from tasks.rl.placement import place
 from tasks.rl.policy_gradient import learn, needed_roles

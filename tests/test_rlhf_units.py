@@ -9,12 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models import load_policy, load_tokenizer
+from tasks.algos.tokens import token_logprobs
 from tasks.common.config import RLConfig
 from tasks.data.judge import gold_utility, prefers_first
 from tasks.data.problems import Example
 from tasks.data.prompts import BARE
 from tasks.params.load import load_params
-from tasks.rl.core_algos import POLICY_LOSSES, adaptive_kl_coef, explained_variance, token_logprobs
+from tasks.rl.core_algos import POLICY_LOSSES, adaptive_kl_coef, explained_variance
 from tasks.rl.learner import RunningMoments, prepare_scores
 from tasks.rl.policy_gradient import policy_gradient_loss
 from tasks.rl.sequences import pack, pack_text, response_logprobs, shared_prompt_logits

@@ -11,9 +11,10 @@ import torch
 from safetensors.torch import load_file
 
 from models import build_char_tokenizer, build_tiny_llama, load_policy, load_tokenizer
+from tasks.algos.supervised import sft_loss
+from tasks.algos.tokens import token_logprobs
 from tasks.common.config import BaseConfig, VLLMConfig
 from tasks.data.prompts import BARE
-from tasks.rl.core_algos import sft_loss, token_logprobs
 from tasks.rl.sequences import finished_response_ids
 from tasks.rollout.engine import Sampling
 from tasks.rollout.hf_engine import HFEngine

@@ -47,6 +47,7 @@ from tqdm.auto import tqdm
 
 from bench.harness import REPO, stage
 from models import load_policy, load_tokenizer, resolve_device
+from tasks.algos.supervised import sft_loss
 from tasks.common.artifacts import model_dir
 from tasks.common.config import Params
 from tasks.common.training import adamw_with_cosine, guarded_step, make_deterministic
@@ -55,7 +56,6 @@ from tasks.data.problems import Example
 from tasks.data.prompts import PromptFormat
 from tasks.params.load import load_params
 from tasks.rl import trainer as rl
-from tasks.rl.core_algos import sft_loss
 from tasks.rl.distillation import distillation_learner
 from tasks.rl.learner import LoopState
 from tasks.rl.placement import place

@@ -15,11 +15,11 @@ import time
 import torch
 
 from models import build_char_tokenizer, build_tiny_llama
+from tasks.algos.supervised import sft_loss
 from tasks.common.flops import mfu
 from tasks.data.datasets import generate_splits
 from tasks.data.prompts import BARE
 from tasks.params.load import load_params
-from tasks.rl.core_algos import sft_loss
 from tasks.stages.sft import SFTBatches
 
 

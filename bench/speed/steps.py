@@ -48,6 +48,7 @@ from bench.harness import cold_start_project, real_overrides
 from bench.trl.dpo import COMMON, SETTINGS, drawn_rows, pair_scorer
 from models import load_policy, load_tokenizer
 from models.trainable import autocast, trainable_policy
+from tasks.algos.supervised import sft_loss
 from tasks.common.artifacts import DATA_DIR, member_dirs, model_dir
 from tasks.common.config import ConfigError
 from tasks.common.flops import matmul_peak, mfu
@@ -56,7 +57,6 @@ from tasks.data.datasets import read_examples
 from tasks.data.prompts import BARE
 from tasks.params.load import load_params
 from tasks.rl import trainer as rl
-from tasks.rl.core_algos import sft_loss
 from tasks.rl.learner import LoopState
 from tasks.rl.placement import place, placed
 from tasks.rl.policy_gradient import learn, needed_roles

@@ -19,14 +19,14 @@ PEAK_SIZES = (1024, 2048)  # square matmuls; the best rate of any is the peak
 PEAK_CACHE = USER_CACHE / "matmul_peak.json"
 
 
-def measure_matmul_peak(threads: int, seconds_per_size: float = 0.25) -> float:
-    """FLOP/s: the best rate of repeated fp32 ``a @ b`` over ``PEAK_SIZES``, on ``threads`` threads."""
+def measure_matmul_peak(threads: int, seconds_per_size: float = 0.25, dtype: torch.dtype = torch.float32) -> float:
+    """FLOP/s: the best rate of repeated ``a @ b`` in ``dtype`` over ``PEAK_SIZES``, on ``threads`` threads."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         best = 0.0
         for n in PEAK_SIZES:
-            a, b = torch.randn(n, n), torch.randn(n, n)
+            a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
             a @ b  # warm-up
             flops, spent = 0.0, 0.0
             while spent < seconds_per_size:

@@ -1,57 +1,19 @@
-"""Pure algorithm math on tensors: no models, no I/O, no config objects.
+"""RL's math on tensors (verl's ``core_algos``): KL estimators, reward shaping, advantage estimators, policy
+surrogates and their aggregation, the value loss and the KL controller, each registered by name where params pick
+it. No models, no I/O, no config objects; what the other stages share (token log-probs, masks, the supervised and
+pairwise losses) is ``tasks/algos``, so that editing an RL loss re-runs only the stages that run RL.
 
 Shapes: B sequences, T token positions, V vocabulary. Masks are 1.0 on tokens
 that count and 0.0 on prompt and padding tokens.
 """
 
-import math
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
+from tasks.algos.tokens import masked, masked_mean, masked_variance, whiten
 from tasks.common.registry_type import Registry
-
-
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """log p(tokens[:, t]) under logits[:, t]: (B, T, V), (B, T) -> (B, T)."""
-    return torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-
-
-def masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``values`` with 0 where ``mask`` is 0: padding is selected away, not multiplied by zero, so inf or nan there
-    cannot leak in."""
-    return torch.where(mask.bool(), values, 0)
-
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``values`` over the positions where ``mask`` is 1 (0 when the mask is empty)."""
-    return masked(values, mask).sum() / mask.sum().clamp(min=1)
-
-
-def sft_loss(
-    logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, num_tokens: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Next-token negative log-likelihood averaged over the tokens ``loss_mask`` marks (the response).
-
-    logits (B, T, V) predict input_ids shifted by one; loss_mask (B, T) marks target tokens. ``num_tokens``: what
-    to divide the sum by when these rows are one worker's slice of a batch (the whole batch's target tokens);
-    None divides by this batch's own.
-    """
-    logprobs = token_logprobs(logits[:, :-1], input_ids[:, 1:])
-    if num_tokens is None:
-        return -masked_mean(logprobs, loss_mask[:, 1:])
-    return -(logprobs * loss_mask[:, 1:]).sum() / num_tokens
-
-
-def pass_at_k(num_samples: int, num_correct: torch.Tensor, k: int) -> torch.Tensor:
-    """Unbiased pass@k per problem from n samples with c correct: 1 - C(n-c, k) / C(n, k) (Chen et al., 2021)."""
-    n, c = float(num_samples), num_correct.double()
-    # C(n-c, k)/C(n, k) = prod_{i=0}^{k-1} (n-c-i)/(n-i); a factor hits zero once c > n-k.
-    i = torch.arange(k, dtype=torch.float64)
-    ratio = ((n - c.unsqueeze(-1) - i).clamp(min=0) / (n - i)).prod(-1)
-    return 1.0 - ratio
-
 
 # --- RLHF: rewards, KL, advantages, losses. Response tensors are (B, T) over generated tokens,
 # right-padded; ``mask`` marks the model's tokens (a multi-turn episode's observations are 0 in it, as padding is).
@@ -118,73 +80,12 @@ def gae(
     return advantages, (advantages + values) * mask
 
 
-def masked_variance(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return masked_mean((values - masked_mean(values, mask)) ** 2, mask)
-
-
-def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """Zero mean, unit variance over the real tokens; padding stays zero."""
-    return (values - masked_mean(values, mask)) * torch.rsqrt(masked_variance(values, mask) + eps) * mask
-
-
 def clipped_value_loss(
     values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip: float
 ) -> torch.Tensor:
     """½ max((V − R)², (V_clip − R)²), V_clip keeping V within ``clip`` of the rollout's values."""
     clipped = old_values + (values - old_values).clamp(-clip, clip)
     return 0.5 * masked_mean(torch.maximum((values - returns) ** 2, (clipped - returns) ** 2), mask)
-
-
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the next-token distribution at every position: (B, T, V) -> (B, T)."""
-    logits = logits.float()
-    return torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * logits).sum(-1)
-
-
-def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
-    """−log σ(r_chosen − r_rejected), averaged over pairs."""
-    return -torch.nn.functional.logsigmoid(chosen - rejected).mean()
-
-
-# How a reward-model ensemble's scores combine (an RL stage's ``reward_ensemble``): (M members, N responses) -> (N,).
-REWARD_ENSEMBLES: Registry[Callable[[Tensor, float], Tensor]] = Registry("reward ensemble rule")
-
-
-@REWARD_ENSEMBLES.register("mean")
-def ensemble_mean(scores: torch.Tensor, std_coef: float) -> torch.Tensor:
-    return scores.mean(0)
-
-
-@REWARD_ENSEMBLES.register("min")
-def ensemble_min(scores: torch.Tensor, std_coef: float) -> torch.Tensor:
-    """The worst case over members (Coste et al., 2024)."""
-    return scores.min(0).values
-
-
-@REWARD_ENSEMBLES.register("mean_minus_std")
-def ensemble_mean_minus_std(scores: torch.Tensor, std_coef: float) -> torch.Tensor:
-    """mean − λ·std over members: uncertainty-weighted optimisation (Coste et al., 2024); one member has std 0."""
-    return scores.mean(0) - std_coef * scores.std(0, correction=0)
-
-
-def best_of_n_kl(n: int) -> float:
-    """KL(best-of-n ‖ the policy) = log n − (n − 1)/n, the analytic bound Gao et al. (2022) plot best-of-n at."""
-    return math.log(n) - (n - 1) / n
-
-
-def best_of_n_expectation(proxy: torch.Tensor, values: torch.Tensor, n: int) -> torch.Tensor:
-    """(P,) the expected value of the response a proxy keeps out of n drawn at random from each prompt's N samples.
-
-    proxy, values: (P, N). Unbiased over all n-subsets (Nakano et al., 2021): ranked by proxy in ascending order,
-    the i-th of N (1-based) is a subset's favourite with probability C(i−1, n−1)/C(N, n). Ties keep sample order.
-    """
-    num_samples = proxy.shape[1]
-    ranked = values.double().gather(1, proxy.argsort(dim=1, stable=True))
-    rank = torch.arange(1, num_samples + 1, dtype=torch.float64)
-    log_choose = torch.lgamma(rank) - math.lgamma(n) - torch.lgamma((rank - n + 1).clamp(min=1))
-    log_total = math.lgamma(num_samples + 1) - math.lgamma(n + 1) - math.lgamma(num_samples - n + 1)
-    weights = torch.where(rank >= n, torch.exp(log_choose - log_total), 0.0)
-    return ranked @ weights
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

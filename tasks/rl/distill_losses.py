@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 import torch
 
+from tasks.algos.tokens import masked
 from tasks.common.registry_type import Registry
-from tasks.rl.core_algos import masked
 
 # full_vocabulary, which the trainer reads instead of the loss's name. True: takes both models' logits over the
 # vocabulary and is minimised directly in the actor's update. False: takes the log-probs of the sampled tokens, and

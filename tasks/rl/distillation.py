@@ -21,12 +21,13 @@ from pathlib import Path
 
 import torch
 
+from tasks.algos.tokens import masked_mean
 from tasks.common.config import DistillConfig
 from tasks.common.training import epoch_batch
 from tasks.data.datasets import DatasetError, read_examples
 from tasks.data.problems import Example
 from tasks.data.prompts import PromptFormat
-from tasks.rl.core_algos import ADVANTAGE_ESTIMATORS, masked_mean, shaped_rewards
+from tasks.rl.core_algos import ADVANTAGE_ESTIMATORS, shaped_rewards
 from tasks.rl.distill_losses import DISTILL_LOSSES
 from tasks.rl.learner import (
     Learner,

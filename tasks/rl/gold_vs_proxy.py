@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
+from tasks.algos.reward_models import best_of_n_expectation, best_of_n_kl
 from tasks.common.artifacts import CURVE_FILE
-from tasks.rl.core_algos import best_of_n_expectation, best_of_n_kl
 
 
 def best_of_n_sizes(n: int, max_n: int) -> list[int]:

@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 
+from tasks.algos.tokens import masked_mean
 from tasks.common.config import RLConfig
 from tasks.data.problems import Example
-from tasks.rl.core_algos import kl_k1, masked_mean
+from tasks.rl.core_algos import kl_k1
 from tasks.rl.rewards import REWARD_MODEL
 from tasks.rl.sequences import PackedBatch, pack
 from tasks.rollout.engine import Completion

@@ -12,8 +12,8 @@ import time
 
 import torch
 
+from tasks.algos.tokens import entropy_from_logits, masked_mean
 from tasks.common.config import OnlineDPOConfig
-from tasks.rl.core_algos import entropy_from_logits, masked_mean
 from tasks.rl.learner import Learner, LoopState, Rollout, policy_metrics, reward_roles, sampled_logprobs
 from tasks.rl.placement import Roles
 from tasks.rl.preference_losses import (

@@ -18,7 +18,8 @@ from typing import Any
 from tasks.common.config import ConfigError, Params, RLConfig, StageResources, engine_in_actor
 from tasks.common.distributed import RoleGroup
 from tasks.data.problems import Example
-from tasks.rl.workers import ActorWorker, CriticWorker, FrozenWorker, RewardWorker
+from tasks.rl.reward_role import RewardWorker
+from tasks.rl.workers import ActorWorker, CriticWorker, FrozenWorker
 from tasks.rollout.engine_group import EngineGroup, EngineWorker
 
 TRAINED_ROLES = ("actor", "critic")

@@ -13,6 +13,7 @@ from functools import partial
 
 import torch
 
+from tasks.algos.tokens import entropy_from_logits, masked, masked_mean
 from tasks.common.config import RLConfig
 from tasks.rl.core_algos import (
     ADVANTAGE_ESTIMATORS,
@@ -20,11 +21,8 @@ from tasks.rl.core_algos import (
     LOSS_AGG_MODES,
     POLICY_LOSSES,
     agg_loss,
-    entropy_from_logits,
     explained_variance,
     kl_k1,
-    masked,
-    masked_mean,
     shaped_rewards,
 )
 from tasks.rl.learner import (

@@ -31,9 +31,9 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from models import load_reference, load_reward_model, load_tokenizer
+from tasks.algos.tokens import masked, token_logprobs
 from tasks.common.registry_type import Registry
 from tasks.data.prompts import PromptFormat
-from tasks.rl.core_algos import masked, token_logprobs
 from tasks.rl.sequences import PackedBatch, finished_response_ids, pack, response_logprobs
 
 if TYPE_CHECKING:

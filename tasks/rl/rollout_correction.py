@@ -23,9 +23,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from tasks.algos.tokens import masked, masked_mean
 from tasks.common.config import RLConfig
 from tasks.common.registry_type import Registry
-from tasks.rl.core_algos import kl_k3, masked, masked_mean
+from tasks.rl.core_algos import kl_k3
 
 IS_WEIGHTS: Registry[Callable[[Tensor, Tensor, float], Tensor]] = Registry("importance weight")
 REJECTIONS: Registry[Callable[[Tensor, Tensor, float], Tensor]] = Registry("rejection rule")

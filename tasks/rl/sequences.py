@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from tasks.algos.tokens import token_logprobs
 from tasks.common.distributed import is_sharded
 from tasks.data.prompts import PromptFormat, finished_response_ids
-from tasks.rl.core_algos import token_logprobs
 
 
 @dataclass

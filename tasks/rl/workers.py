@@ -6,7 +6,7 @@
 - critic: per-token values, trained on the returns (only for advantage estimators that need one);
 - reference: the frozen initial policy, the KL anchor (only when a KL term or a reference reset is asked for);
 - teacher: a frozen teacher that grades the student's tokens (on-policy distillation);
-- reward: the frozen reward model(s), scoring (prompt, response) texts; an ensemble is combined by mean or min.
+- reward: the frozen reward model(s) and judge (``tasks/rl/reward_role.py``).
 
 Workers exchange token tensors and texts, never models (but for the weights the engines take). The actor's update
 is one loop whatever the learner: minibatches, the data-parallel weights, the optimizer step and the engine sync
@@ -15,7 +15,6 @@ are its; what a minibatch minimises is the ``ActorLoss`` the learner hands it (`
 """
 
 import copy
-import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +31,6 @@ from models import (
     load_reference,
     load_tokenizer,
     resolve_device,
-    vocabulary_mismatch,
 )
 from models.trainable import (
     adapters_disabled,
@@ -45,7 +43,6 @@ from models.trainable import (
     trainable_policy,
     weights_dtype,
 )
-from tasks.common.artifacts import judge_dir
 from tasks.common.config import Params, RLConfig, engine_in_actor
 from tasks.common.distributed import SINGLE, Rank, full_state_dict, shard_in_place, training_state
 from tasks.common.training import (
@@ -58,9 +55,7 @@ from tasks.common.training import (
     set_rng_state,
 )
 from tasks.data.problems import Example
-from tasks.data.prompts import PromptFormat
-from tasks.rl.core_algos import REWARD_ENSEMBLES, clipped_value_loss
-from tasks.rl.reward_kinds import RewardModel
+from tasks.rl.core_algos import clipped_value_loss
 from tasks.rl.sequences import PackedBatch, response_logprobs, shared_prompt_logits
 from tasks.rollout.engine import Completion, Sampling
 from tasks.rollout.engine_group import EpisodeRollout, make_engine, rollout_sampling
@@ -437,58 +432,3 @@ class FrozenWorker:
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Make the current policy the new anchor (a reference reset)."""
         self.model.load_state_dict(weights)
-
-
-class RewardWorker:
-    """The reward model (an ensemble's members, combined by ``reward_ensemble``) scoring sampled responses, each
-    member by its kind's rule (``tasks/rl/reward_kinds.py``), and its judge (when it has one) scoring the guard's
-    probes. A member that reads the policy's vocabulary scores exactly the token ids the engine read and sampled
-    (with a BPE tokenizer, decoding and re-encoding them need not give them back); one with a vocabulary of its own
-    (a reward backbone's) reads the text."""
-
-    def __init__(self, params: Params, cfg: RLConfig, member_dirs: list[Path], policy_dir: Path):
-        device, policy_tokenizer = resolve_device(params.device), load_tokenizer(policy_dir)
-
-        def load(path: Path) -> tuple[RewardModel, bool]:
-            member = RewardModel(path, device, dtype=compute_dtype(cfg.precision))
-            return member, vocabulary_mismatch(member.tokenizer, policy_tokenizer) is None
-
-        self.members = [load(path) for path in member_dirs]
-        judge = judge_dir(member_dirs[0].parent) if member_dirs else None
-        self.judge = load(judge) if judge is not None else None
-        self.combine = functools.partial(REWARD_ENSEMBLES[cfg.reward_ensemble], std_coef=cfg.reward_ensemble_std_coef)
-        self.std_coef = cfg.reward_ensemble_std_coef
-        self.batch_size, self.prompt_format = params.eval.batch_size, PromptFormat.of(params.task)
-
-    def _scores(self, scorer: tuple[RewardModel, bool], prompts: list[str], completions: list[Completion]):
-        """(N,) one model's score of each completion, as a finished response (a truncated one ends with
-        end-of-sequence here)."""
-        member, same_ids = scorer
-        if not same_ids:
-            texts = [c.text for c in completions]
-            return member.score_texts(self.prompt_format, prompts, texts, self.batch_size)
-        eos = member.tokenizer.eos_token_id
-        finished = [c.token_ids + [eos] * c.truncated for c in completions]
-        return member.score_ids([c.prompt_ids for c in completions], finished, self.batch_size)
-
-    def members_scores(self, prompts: list[str], completions: list[Completion]) -> torch.Tensor:
-        """(M, N): each member's score of each completion."""
-        return torch.stack([self._scores(member, prompts, completions) for member in self.members])
-
-    def score(self, prompts: list[str], completions: list[Completion]) -> torch.Tensor:
-        """Each completion's score, the members' combined by ``reward_ensemble``."""
-        return self.combine(self.members_scores(prompts, completions))
-
-    def judge_scores(self, prompts: list[str], completions: list[Completion]) -> dict[str, torch.Tensor]:
-        """What the guard reads of ``completions``, (N,) each: the judge's scores (when there is a judge), the
-        members' mean, their spread (std) and their conservative score, mean - reward_ensemble_std_coef x std."""
-        scores = self.members_scores(prompts, completions)
-        mean, spread = scores.mean(0), scores.std(0, correction=0)
-        judged = {"ensemble_mean": mean, "disagreement": spread, "ensemble": mean - self.std_coef * spread}
-        if self.judge is not None:
-            judged["judge"] = self._scores(self.judge, prompts, completions)
-        return judged
-
-    def weights(self) -> dict[str, torch.Tensor]:
-        members = enumerate(member for member, _ in self.members)
-        return {f"{index}.{name}": tensor for index, member in members for name, tensor in member.weights().items()}

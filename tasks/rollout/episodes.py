@@ -16,15 +16,9 @@ import torch
 
 from tasks.common.config import AgentConfig
 from tasks.data.environments import EnvironmentHost, HostedEnvironment, check_tool_tags
+from tasks.data.observations import ObservationFormat
 from tasks.data.problems import Example, TaskError
 from tasks.rollout.engine import Completion, EpisodeStats, RolloutEngine, Sampling
-
-# A conversation the observation's tool turn is rendered after, to take the template's text for the turn alone.
-_DUMMY = [
-    {"role": "system", "content": "You are a helpful assistant."},
-    {"role": "user", "content": "Hi."},
-    {"role": "assistant", "content": "Hello."},
-]
 
 
 @dataclass(frozen=True)
@@ -67,35 +61,6 @@ class Episode:
 
 # What an episode's row in eval's EPISODES_FILE holds besides its prompt and graded final turn.
 EPISODE_FIELDS = ("turns", "tool_calls", "tool_errors", "truncated", "hit_max_turns", "env_reward", "messages")
-
-
-class ObservationFormat:
-    """How an observation's text becomes the ids that follow a model turn (its end-of-turn token included)."""
-
-    def __init__(self, tokenizer: Any, uses_template: bool, stop_ids: list[int]):
-        self.tokenizer, self.uses_template = tokenizer, uses_template
-        if uses_template:
-            base = tokenizer.apply_chat_template(_DUMMY, tokenize=False)
-            stops = [tokenizer.convert_ids_to_tokens(i) for i in stop_ids]
-            end = max((base.rfind(stop) + len(stop) for stop in stops if stop in base), default=None)
-            if end is None:
-                raise TaskError(f"the chat template ends an assistant turn with none of the stop tokens {stops}")
-            # The template's text after the assistant's end-of-turn token ("\n" in ChatML): the model stops at
-            # that token, so what the template puts between it and the next turn comes with the observation.
-            self.base, self.separator = base, base[end:]
-
-    @classmethod
-    def of(cls, engine: RolloutEngine) -> "ObservationFormat":
-        return cls(engine.tokenizer, engine.prompt_format.uses_template(engine.tokenizer), engine.stop_ids)
-
-    def encode(self, text: str) -> list[int]:
-        if not self.uses_template:
-            return self.tokenizer(f"\n<tool_response>{text}</tool_response>\n", add_special_tokens=False)["input_ids"]
-        tool = [*_DUMMY, {"role": "tool", "content": text}]
-        full = self.tokenizer.apply_chat_template(tool, add_generation_prompt=True, tokenize=False)
-        if not full.startswith(self.base):
-            raise TaskError("the model's chat template renders a conversation differently once a tool turn follows")
-        return self.tokenizer(self.separator + full[len(self.base) :], add_special_tokens=False)["input_ids"]
 
 
 @dataclass
@@ -153,7 +118,9 @@ def run_episodes(
     """``sampling.n`` episodes of each example, grouped by example as completions are, of at most ``max_turns``
     model turns and ``max_total_tokens`` tokens in all (prompt included). Each round samples the next turn of every
     episode still in play in one engine call (the first round: each prompt's n samples, as ``generate`` does)."""
-    observations = ObservationFormat.of(engine)
+    observations = ObservationFormat(
+        engine.tokenizer, engine.prompt_format.uses_template(engine.tokenizer), engine.stop_ids
+    )
     n = sampling.n
     with EnvironmentHost(task_module, tool_timeout_seconds, tool_output_chars) as host:
         runs = [_Running(i // n, host.environment(i)) for i in range(len(examples) * n)]

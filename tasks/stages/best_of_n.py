@@ -24,7 +24,7 @@ from tasks.common.training import make_deterministic
 from tasks.data.datasets import read_examples
 from tasks.data.judge import gold_utility
 from tasks.rl.gold_vs_proxy import best_of_n_curve, best_of_n_sizes, peak, write_curve
-from tasks.rl.workers import RewardWorker
+from tasks.rl.reward_role import RewardWorker
 from tasks.rollout.engine import Sampling
 from tasks.rollout.hf_engine import policy_engine
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from models import context_length, num_parameters
+from tasks.algos.supervised import pass_at_k
 from tasks.common.artifacts import EPISODES_FILE, atomic_output, stage_dir
 from tasks.common.config import AgentConfig, EvalConfig, Params
 from tasks.common.registry import StageRun
@@ -21,7 +22,6 @@ from tasks.data.datasets import read_examples
 from tasks.data.environments import is_agent_task
 from tasks.data.judge import gold_utility
 from tasks.data.problems import Example, score_response, task_module, task_of
-from tasks.rl.core_algos import pass_at_k
 from tasks.rollout.engine import Completion, RolloutEngine, Sampling
 from tasks.rollout.episodes import EPISODE_FIELDS, play
 from tasks.rollout.hf_engine import policy_engine

@@ -29,6 +29,8 @@ import torch
 
 from models import load_policy, load_reward_model, load_tokenizer, resolve_device
 from models.trainable import prepared_for_training, weights_dtype
+from tasks.algos.supervised import bradley_terry_loss
+from tasks.algos.tokens import masked, masked_mean
 from tasks.common.artifacts import JUDGE, REWARD_MODEL_DIR, atomic_output, member_dirs, model_dir
 from tasks.common.config import OptimizationConfig, Params, RewardModelConfig, to_dict
 from tasks.common.distributed import Rank, data_parallel_step, run_data_parallel
@@ -38,7 +40,6 @@ from tasks.common.training import Checkpointer, epoch_batch, fit, make_determini
 from tasks.data.datasets import PreferencePair, read_preferences
 from tasks.data.judge import preference_metrics
 from tasks.data.prompts import PromptFormat
-from tasks.rl.core_algos import bradley_terry_loss, masked, masked_mean
 from tasks.rl.reward_kinds import (
     REFERENCE_DIR,
     REWARD_KINDS,

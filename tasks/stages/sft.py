@@ -16,16 +16,16 @@ import torch
 
 from models import load_tokenizer, resolve_device
 from models.trainable import trainable_policy
+from tasks.algos.supervised import sft_loss
 from tasks.common.artifacts import atomic_output, metrics_dir, model_dir
 from tasks.common.config import Params, SFTTrainingConfig, to_dict
 from tasks.common.distributed import Rank, data_parallel, run_data_parallel
 from tasks.common.registry import StageRun
 from tasks.common.training import Checkpointer, epoch_batch, fit, make_deterministic, rank_live, save_trained
 from tasks.data.datasets import DatasetError, read_examples
+from tasks.data.observations import ObservationFormat
 from tasks.data.problems import Example, trace_turns
 from tasks.data.prompts import PromptFormat, finished_response_ids
-from tasks.rl.core_algos import sft_loss
-from tasks.rollout.episodes import ObservationFormat
 
 
 class SFTBatches:

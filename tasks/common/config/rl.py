@@ -174,7 +174,7 @@ class RLConfig(SamplingConfig, ModelTrainingConfig):
     )
     reward_normalize: bool = param(True, "Scale the summed reward by its running mean and std.")
     reward_clip: float | None = param(5.0, "Clip the (normalised) reward to +-this; null: no clipping.", gt=0)
-    reward_ensemble: Annotated[str, OneOf(registry="tasks.rl.core_algos:REWARD_ENSEMBLES")] = param(
+    reward_ensemble: Annotated[str, OneOf(registry="tasks.algos.reward_models:REWARD_ENSEMBLES")] = param(
         "mean",
         "How a reward-model ensemble's scores combine: mean, min (worst case), or mean_minus_std (mean - "
         "reward_ensemble_std_coef x std: uncertainty-weighted, Coste et al. 2024).",
