@@ -50,9 +50,12 @@ def huge():
 def crash():
     os._exit(3)
 
+def nan():
+    return {"x": float("nan")}
+
 TOOLS = [
     Tool("add", "Add two numbers.", NUMBERS, add),
-    *(Tool(f.__name__, "Misbehaves.", NOTHING, f) for f in (hang, boom, huge, crash)),
+    *(Tool(f.__name__, "Misbehaves.", NOTHING, f) for f in (hang, boom, huge, crash, nan)),
 ]
 
 def score(example, response):
@@ -109,6 +112,26 @@ def difficulty(example):
     return "any"
 """
 
+# The counter, drawing a secret at reset without a seed: a replay after a crash rebuilds another world.
+DRIFTING = COUNTER.replace("import time", "import random, time").replace(
+    "        self.count = 0", "        self.count = random.randrange(10**9)"
+)
+# A tool reading its example's hidden price list (no environment of the task's own).
+SHOP = """
+from tasks.data.environments import Tool
+
+def price(item, example):
+    return str(example.meta["prices"][item])
+
+TOOLS = [Tool("price", "The unit price of an item.", {"type": "object", "properties": {"item": {"type": "string"}},
+    "required": ["item"]}, price)]
+
+def score(example, response):
+    return True, False
+
+def difficulty(example):
+    return "any"
+"""
 EXAMPLES = [Example("t", "12+34=", "46", "46"), Example("t", "7*8=", "56", "56")]
 
 
@@ -117,7 +140,13 @@ def tasks(tmp_path_factory) -> SimpleNamespace:
     """The task modules above, importable here and in the sandbox process (which inherits sys.path)."""
     folder = tmp_path_factory.mktemp("agent_tasks")
     modules = {}
-    sources = {"toolbox_task": TOOLBOX, "echo_task": ECHO, "counter_task": COUNTER}
+    sources = {
+        "toolbox_task": TOOLBOX,
+        "echo_task": ECHO,
+        "counter_task": COUNTER,
+        "drifting_task": DRIFTING,
+        "shop_task": SHOP,
+    }
     for name, source in sources.items():
         (folder / f"{name}.py").write_text(textwrap.dedent(source))
     sys.path.insert(0, str(folder))
@@ -212,6 +241,29 @@ def test_a_world_that_hangs_ends_its_episode_and_the_others_keep_their_state(tas
     # rebuilt in the fresh sandbox by replaying its two turns: it counts on from there
     assert [m["content"] for m in replayed.messages if m["role"] == "tool"] == [f"count {k}" for k in (1, 2, 3, 4)]
     assert (replayed.turns, replayed.tool_errors, replayed.env_reward, replayed.final_text) == (4, 0, 2.0, "stop")
+
+
+def test_a_world_that_replays_differently_ends_its_episode_naming_the_nondeterminism(tasks):
+    """A world that draws its secret without a seed is rebuilt with another after a sandbox crash: the replay
+    answers differently from the first time, which ends that episode as a tool error naming the module."""
+    scripted = Scripted(build_char_tokenizer(), ["go", ("hang", "go"), "go", "stop"])
+    hung, changed = run_episodes(scripted, EXAMPLES, tasks.drifting, Sampling(64), 5, 4096, tool_timeout_seconds=2.0)
+    assert "over agent.tool_timeout_seconds=2" in hung.messages[-1]["content"]
+    assert (changed.turns, changed.tool_errors) == (3, 1)
+    last = changed.messages[-1]["content"]
+    assert "drifting_task.environment().step() failed" in last
+    assert "environment() is not deterministic given its example and actions" in last
+
+
+def test_a_tool_that_takes_the_example_reads_the_episodes_hidden_data(tasks):
+    """A tool function taking ``example`` is handed the episode's Example: a per-row price list in ``meta``, which
+    the model never sees, with no environment of the task's own."""
+    tokenizer = build_char_tokenizer()
+    rows = [replace(EXAMPLES[0], meta={"prices": {"pen": 3}}), replace(EXAMPLES[1], meta={"prices": {"pen": 5}})]
+    scripted = Scripted(tokenizer, [call("price", '{"item": "pen"}'), "done"])
+    episodes = run_episodes(scripted, rows, tasks.shop, Sampling(64), 5, 4096)
+    assert [[m["content"] for m in e.messages if m["role"] == "tool"] for e in episodes] == [["3"], ["5"]]
+    assert all(e.tool_errors == 0 for e in episodes)
 
 
 def test_eval_of_a_tool_task_grades_episodes_on_their_final_turn(tasks):
@@ -360,6 +412,24 @@ def test_vllm_engine_plays_the_same_episodes_through_the_same_interface(tmp_path
             "two tools in TOOLS are named",
         ),
         (TOOLBOX.replace("NOTHING = {", "NOTHING = {'bad': {1, 2}, "), "'hang''s parameters are not JSON-serialisable"),
+        (
+            TOOLBOX.replace('NOTHING = {"type": "object"', 'NOTHING = {"type": "objekt"'),
+            "parameters are not a JSON schema",
+        ),
+        (
+            TOOLBOX.replace('NOTHING = {"type": "object"', 'NOTHING = {"type": "string"'),
+            "must be the schema of an object",
+        ),
+        (
+            TOOLBOX.replace('def add(a, b):\n    return {"sum": a + b}', 'def add(a, c):\n    return {"sum": a + c}'),
+            "'add''s function(a, c) does not take the declared parameter 'b'",
+        ),
+        (
+            TOOLBOX.replace(
+                'def add(a, b):\n    return {"sum": a + b}', 'def add(a, b, c):\n    return {"sum": a + b}'
+            ),
+            "'add''s function(a, b, c) needs 'c', which parameters do not declare",
+        ),
     ],
 )
 def test_a_bad_agent_task_is_an_error_naming_what_is_wrong(tmp_path, monkeypatch, source, message):
@@ -369,6 +439,20 @@ def test_a_bad_agent_task_is_an_error_naming_what_is_wrong(tmp_path, monkeypatch
     task_module.cache_clear()
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_params("params.yaml", ["task.name=bad_agent_task", *FILES])
+
+
+def test_an_unclosed_call_and_a_result_json_cannot_carry_are_tool_errors_not_answers(tasks):
+    """A turn that opens <tool_call> and never closes it is a malformed call (answered, counted), not the final
+    answer; a tool returning NaN gets an error observation, never the invalid JSON 'NaN'."""
+    tokenizer = build_char_tokenizer()
+    turns = ['<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}', call("nan"), "46"]
+    (episode,) = run_episodes(Scripted(tokenizer, turns), EXAMPLES[:1], tasks.toolbox, Sampling(64), 10, 4096)
+    assert (episode.turns, episode.tool_calls, episode.tool_errors) == (3, 2, 2)
+    assert episode.final_text == "46"
+    observations = [m["content"] for m in episode.messages if m["role"] == "tool"]
+    assert "the tool call is not closed with </tool_call>" in observations[0]
+    assert "holds a NaN or an infinity, which JSON cannot carry" in observations[1]
+    assert "NaN" not in observations[1].replace("a NaN", "")
 
 
 def test_max_turns_below_one_is_an_error_naming_the_key():

@@ -6,8 +6,9 @@ A task module (docs/tasks.md, docs/agents.md) may define, besides ``score``:
   environment: each model turn is read for one call in the Hermes/Qwen format
   ``<tool_call>{"name": "...", "arguments": {...}}</tool_call>``; a call runs the tool and its result (a str as is,
   anything else as JSON) is the next observation; a turn without a call is the final answer. A malformed call (bad
-  JSON, an unknown tool, arguments other than the declared ones) is answered with an error observation and counted,
-  never raised.
+  JSON, a ``<tool_call>`` never closed, an unknown tool, arguments other than the declared ones) and a result JSON
+  cannot carry (NaN, infinity) are answered with an error observation and counted, never raised. ``parameters``
+  must be a JSON schema of an object whose properties the function takes by name: checked when params load.
 - ``environment(example) -> Environment``: a world of its own, given each whole model turn (``step``), answering
   with an observation, a reward and whether the episode is over. It should be deterministic given its example and
   the actions it received: a run is then reproducible, and a world lost with its process is rebuilt by replaying.
@@ -18,6 +19,7 @@ kills its process or answers too much becomes an error observation and a counted
 """
 
 import importlib
+import inspect
 import json
 import math
 import numbers
@@ -33,6 +35,7 @@ from tasks.common.sandbox import Handler, Sandbox, SandboxDied
 from tasks.data.problems import Example, TaskError
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+EXAMPLE_ARGUMENT = "example"  # a tool function's parameter the host fills with the episode's Example
 _TOOL_CALL = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
 
 
@@ -40,7 +43,8 @@ _TOOL_CALL = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CA
 class Tool:
     """A function the model may call: ``parameters`` is the JSON schema of its arguments object (the names under
     ``properties``, those it cannot do without under ``required``); ``function(**arguments)`` returns a str or
-    anything JSON-serialisable."""
+    anything JSON-serialisable. A function that also takes ``example`` is handed the episode's ``Example`` (its
+    ``meta`` holds a row's hidden data: a price list, a document, a database row), which the model never sees."""
 
     name: str
     description: str
@@ -99,6 +103,49 @@ def agent_task_errors(module: ModuleType, name: str, key: str = "task.name") -> 
             continue
         if not isinstance(tool.parameters, dict):
             yield f"{where}: the tool {tool.name!r}'s parameters must be a JSON schema object, got {tool.parameters!r}"
+            continue
+        yield from (f"{where}: the tool {tool.name!r}'s {problem}" for problem in _parameter_errors(tool))
+
+
+def _parameter_errors(tool: Tool) -> Iterator[str]:
+    """What keeps ``tool.parameters`` from being the JSON schema of the arguments ``tool.function`` takes."""
+    import jsonschema  # a task with tools only
+
+    try:
+        jsonschema.validators.validator_for(tool.parameters).check_schema(tool.parameters)
+    except jsonschema.SchemaError as error:
+        yield f"parameters are not a JSON schema: {error.message} (at {'/'.join(map(str, error.path)) or 'the top'})"
+        return
+    if tool.parameters.get("type") != "object" or not isinstance(tool.parameters.get("properties", {}), dict):
+        yield 'parameters must be the schema of an object: {"type": "object", "properties": {...}}'
+        return
+    declared = tool.parameters.get("properties", {})
+    if unknown := [name for name in tool.parameters.get("required", []) if name not in declared]:
+        yield f"parameters require {', '.join(map(repr, unknown))}, which properties do not declare"
+    try:
+        signature = inspect.signature(tool.function)
+    except (TypeError, ValueError):  # a builtin without a signature: its calls will say
+        return
+    kinds = {parameter.name: parameter for parameter in signature.parameters.values()}
+    takes_any = any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in kinds.values())
+    by_name = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    for name in declared:
+        if not takes_any and (name not in kinds or kinds[name].kind not in by_name):
+            yield f"function{signature} does not take the declared parameter {name!r}"
+    if EXAMPLE_ARGUMENT in declared:
+        yield f"parameters declare {EXAMPLE_ARGUMENT!r}, the episode's example, which the host passes, not the model"
+    for name, parameter in kinds.items():
+        supplied = name in declared or name == EXAMPLE_ARGUMENT
+        if parameter.kind in by_name and parameter.default is inspect.Parameter.empty and not supplied:
+            yield f"function{signature} needs {name!r}, which parameters do not declare"
+
+
+def takes_example(tool: Tool) -> bool:
+    """Whether ``tool.function`` takes the episode's example (``example=``) beside the model's arguments."""
+    try:
+        return EXAMPLE_ARGUMENT in inspect.signature(tool.function).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def check_tool_tags(tokenizer: Any) -> None:
@@ -118,6 +165,8 @@ def parse_tool_call(text: str, tools: dict[str, dict]) -> tuple[str, dict] | str
     ``tools``: each tool's declared parameters by name."""
     match = _TOOL_CALL.search(text)
     if match is None:
+        if TOOL_CALL_OPEN in text:  # a call begun is a call, not the final answer
+            return f"the tool call is not closed with {TOOL_CALL_CLOSE}"
         return None
     try:
         call = json.loads(match.group(1))
@@ -147,7 +196,14 @@ def _capped(text: str, output_chars: int, what: str) -> tuple[str, str]:
 
 
 def _observation(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
+    """A tool's result as the model reads it: a str as is, anything else as JSON (a NaN or an infinity, which JSON
+    has no word for, is an error)."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError:
+        raise ValueError(f"the result {value!r:.80} holds a NaN or an infinity, which JSON cannot carry") from None
 
 
 def _checked_step(step: Any) -> Step:
@@ -170,6 +226,7 @@ def _environment_handler(module_name: str, output_chars: int) -> Handler:
         sys.path.append(os.getcwd())  # a task module of your own, next to params.yaml
     module = importlib.import_module(module_name)
     tools = {tool.name: tool.function for tool in getattr(module, "TOOLS", [])}
+    with_example = {tool.name for tool in getattr(module, "TOOLS", []) if takes_example(tool)}
     worlds: dict[int, Any] = {}
 
     def answer(request: tuple) -> tuple:
@@ -179,7 +236,9 @@ def _environment_handler(module_name: str, output_chars: int) -> Handler:
             return "ok", None
         try:
             if kind == "tool":
-                return _capped(_observation(tools[key](**argument)), output_chars, f"the tool {key!r}")
+                arguments, example = argument
+                extra = {EXAMPLE_ARGUMENT: example} if key in with_example else {}
+                return _capped(_observation(tools[key](**arguments, **extra)), output_chars, f"the tool {key!r}")
             if kind == "reset":
                 worlds[key] = module.environment(argument)
                 opening = worlds[key].reset(argument)
@@ -221,13 +280,27 @@ class EnvironmentHost:
         while self._sandbox is None:
             self._sandbox = Sandbox(_environment_handler, (self.module.__name__, self.output_chars))
             for world in list(self._worlds.values()):
-                if all(self._answer(request)[0] == "ok" for request in world.history()):
+                world.lost = self._replay(world)
+                if not world.lost:
                     continue
-                world.lost = True
                 del self._worlds[world.key]
                 if self._sandbox is None:  # the replay killed it: start again with the worlds left
                     break
         return self._answer((kind, key, argument))
+
+    def _replay(self, world: "WorldEnvironment") -> str:
+        """Rebuild ``world`` in the fresh sandbox from its history; why it is lost, or "" when every request
+        answered as it did the first time."""
+        for request, answer in world.history():
+            again = self._answer(request)
+            if self._sandbox is None:
+                return "lost with a sandbox that died"
+            if again != answer:
+                return (
+                    f"lost with its sandbox, and replaying its {request[0]} answered {again[1]!r:.80} where it had "
+                    f"answered {answer[1]!r:.80}: environment() is not deterministic given its example and actions"
+                )
+        return ""
 
     def _answer(self, request: tuple) -> tuple[str, Any]:
         try:
@@ -264,9 +337,13 @@ class HostedEnvironment:
 
 
 class ToolEnvironment(HostedEnvironment):
-    """The environment of a task with tools and no world: each turn's tool call is run, a turn without one ends."""
+    """The environment of a task with tools and no world: each turn's tool call is run (a tool taking ``example`` is
+    handed the episode's), a turn without one ends."""
+
+    example: Example | None = None
 
     def reset(self, example: Example) -> str | None:
+        self.example = example
         return None
 
     def step(self, action: str) -> Step:
@@ -277,7 +354,8 @@ class ToolEnvironment(HostedEnvironment):
         if isinstance(call, str):
             self.tool_errors += 1
             return Step(f"error: {call}")
-        status, text = self.host.call("tool", *call)
+        name, arguments = call
+        status, text = self.host.call("tool", name, (arguments, self.example))
         if status == "error":
             self.tool_errors += 1
             return Step(f"error: the tool {call[0]!r} failed: {text}")
@@ -290,29 +368,31 @@ class WorldEnvironment(HostedEnvironment):
 
     def __init__(self, host: EnvironmentHost, key: int):
         super().__init__(host)
-        self.key, self.example, self.actions, self.lost = key, None, [], False
+        self.key, self.example, self.lost = key, None, ""
+        self.answered: list[tuple[tuple, tuple]] = []  # (request, answer) of every step it took
 
     def reset(self, example: Example) -> str | None:
         status, opening = self.host.call("reset", self.key, example)
         if status == "error":
             raise TaskError(f"{self.host.module.__name__}.environment().reset() failed: {opening}")
-        self.example = example  # from now on a fresh sandbox rebuilds it
+        self.example, self.opening = example, (status, opening)  # from now on a fresh sandbox rebuilds it
         return opening
 
     def step(self, action: str) -> Step:
         self.tool_calls += _TOOL_CALL.search(action) is not None
-        lost = ("error", "lost with a sandbox that died")
-        status, step = lost if self.lost else self.host.call("step", self.key, action)
+        request = ("step", self.key, action)
+        status, step = ("error", self.lost) if self.lost else self.host.call(*request)
         if status == "error":
             self.tool_errors += 1
             self.host.release(self.key)
             return Step(f"error: {self.host.module.__name__}.environment().step() failed: {step}", done=True)
-        self.actions.append(action)
+        self.answered.append((request, (status, step)))
         return step
 
-    def history(self) -> list[tuple]:
-        """The requests that rebuild this world in a fresh sandbox: its reset, then the actions it was given (none
-        before its reset: the sandbox a batch's first reset starts holds no world yet)."""
+    def history(self) -> list[tuple[tuple, tuple]]:
+        """The requests that rebuild this world in a fresh sandbox, each with what it answered the first time (a
+        replay must answer the same): its reset, then the actions it was given (none before its reset: the
+        sandbox a batch's first reset starts holds no world yet)."""
         if self.example is None:
             return []
-        return [("reset", self.key, self.example), *(("step", self.key, action) for action in self.actions)]
+        return [(("reset", self.key, self.example), self.opening), *self.answered]
