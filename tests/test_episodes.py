@@ -255,6 +255,18 @@ def test_a_world_that_replays_differently_ends_its_episode_naming_the_nondetermi
     assert "environment() is not deterministic given its example and actions" in last
 
 
+def test_a_batch_whose_every_episode_failed_on_the_environment_is_an_error_naming_the_first(tasks):
+    scripted = Scripted(build_char_tokenizer(), ["hang"])
+    with pytest.raises(TaskError, match=r"every one of 2 episodes failed on counter_task.environment\(\); the first"):
+        run_episodes(scripted, EXAMPLES, tasks.counter, Sampling(64), 5, 4096, tool_timeout_seconds=1.0)
+
+
+def test_an_episode_budget_below_the_longest_prompt_is_an_error_naming_the_key(tasks):
+    scripted = Scripted(build_char_tokenizer(), ["46"])
+    with pytest.raises(TaskError, match="agent.max_total_tokens: an episode of at most 5 tokens"):
+        run_episodes(scripted, EXAMPLES, tasks.toolbox, Sampling(64), 5, 5)
+
+
 def test_a_tool_that_takes_the_example_reads_the_episodes_hidden_data(tasks):
     """A tool function taking ``example`` is handed the episode's Example: a per-row price list in ``meta``, which
     the model never sees, with no environment of the task's own."""

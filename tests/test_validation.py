@@ -186,6 +186,7 @@ MALFORMED_CONFIGS = [
     (["runner.schedules={sfft: '0 3 * * 1'}"], "runner.schedules.sfft: not a pipeline (sft, rlhf"),
     (["sft.parallel.resources_per_worker={node_b: -1}"], "sft.parallel.resources_per_worker.node_b: an amount"),
     (["grpo.parallel.resources_per_worker={'': 1}"], "grpo.parallel.resources_per_worker: a resource needs a name"),
+    (["agent_data.task=arithmetic"], "agent_data.task: the task module 'arithmetic' has neither TOOLS nor"),
     (["grpo.max_staleness=true"], "grpo.max_staleness: must be an integer, got the boolean true"),
     (["sft.lr=false"], "sft.lr: must be a number, got the boolean false"),
     (["grpo.steps=4", "grpo.max_staleness=4"], "grpo.max_staleness: 4 iterations of staleness in a run of grpo"),

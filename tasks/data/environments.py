@@ -334,6 +334,7 @@ class HostedEnvironment:
 
     def __init__(self, host: EnvironmentHost):
         self.host, self.tool_calls, self.tool_errors = host, 0, 0
+        self.failure = ""  # why the episode's world failed, when it did
 
 
 class ToolEnvironment(HostedEnvironment):
@@ -385,7 +386,8 @@ class WorldEnvironment(HostedEnvironment):
         if status == "error":
             self.tool_errors += 1
             self.host.release(self.key)
-            return Step(f"error: {self.host.module.__name__}.environment().step() failed: {step}", done=True)
+            self.failure = f"{self.host.module.__name__}.environment().step() failed: {step}"
+            return Step(f"error: {self.failure}", done=True)
         self.answered.append((request, (status, step)))
         return step
 

@@ -32,6 +32,7 @@ from tasks.common.registry_catalog import registry_entries
 from tasks.data.datasets import is_shard_of, shard_files
 from tasks.kinds import model_kinds, stage_kinds
 from tasks.params.operations_rules import operations_errors
+from tasks.params.task_rules import task_errors
 from tasks.params.training_rules import runs_on_gpu, training_errors
 
 
@@ -281,35 +282,6 @@ def _distill_errors(params: Params, longest: int) -> Iterator[str]:
         )
 
 
-def _task_errors(params: Params) -> Iterator[str]:
-    """Each task module (``task.name``, ``agent_data.task``) imports and defines what a task must, and what it
-    cannot generate comes from files."""
-    from tasks.data.environments import agent_task_errors
-    from tasks.data.problems import TaskError, task_module
-
-    for key, name, data in (
-        ("task.name", params.task.name, "data"),
-        ("agent_data.task", params.agent_data.task, "agent_data"),
-    ):
-        try:
-            module = task_module(name)
-        except TaskError as error:
-            yield str(error).replace("task.name:", f"{key}:", 1)
-            continue
-        yield from agent_task_errors(module, name, key)
-        if not callable(getattr(module, "score", None)):  # a general row of no task may lack one; the task may not
-            yield (
-                f"{key}: the task module {name!r} lacks score(), the verifier eval and the RL rewards grade "
-                "responses with (docs/tasks.md)"
-            )
-        if not callable(getattr(module, "generate", None)):
-            for file_key in ("train_file", "test_file"):
-                if getattr(getattr(params, data), file_key) is None:
-                    yield (
-                        f"{data}.{file_key}: the task {name!r} generates no problems (no generate()): name your rows"
-                    )
-
-
 def _size_errors(name: str, size: ModelSizeConfig, longest: int) -> Iterator[str]:
     """A tiny model's size: heads that divide its width, and positions for the ``longest`` sequence it sees."""
     if size.hidden_size % size.num_heads:
@@ -362,7 +334,7 @@ def cross_field_errors(params: Params) -> Iterator[str]:
             )
     yield from _model_key_errors(params)
     yield from training_errors(params)
-    yield from _task_errors(params)
+    yield from task_errors(params)
     if "+" not in params.task.countdown.ops:  # the one operation that applies at every step of a solution
         yield f"task.countdown.ops: must include '+', got {params.task.countdown.ops!r}"
     for name in RL_SECTIONS:

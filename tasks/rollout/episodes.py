@@ -126,6 +126,11 @@ def run_episodes(
         runs = [_Running(i // n, host.environment(i)) for i in range(len(examples) * n)]
         prompts = _opened_prompts(examples, [run.environment.reset(examples[run.prompt_index]) for run in runs], n)
         prompt_ids = engine.prompt_format.encode(engine.tokenizer, prompts)
+        if (longest := max(map(len, prompt_ids), default=0)) >= max_total_tokens:
+            raise TaskError(
+                f"agent.max_total_tokens: an episode of at most {max_total_tokens} tokens leaves no room for a turn "
+                f"after the longest prompt ({longest} tokens, its opening observation included); above {longest}"
+            )
         for run in runs:
             run.extend(prompt_ids[run.prompt_index])
             run.prompt_length = len(run.token_ids)
@@ -146,6 +151,11 @@ def run_episodes(
                 completions = engine.generate_ids(contexts, replace(sampling, n=1, max_new_tokens=limit))
             for run, completion in zip(live, completions, strict=True):
                 _play(run, completion, engine, observations, turn == max_turns, max_total_tokens)
+    if runs and all(run.environment.failure for run in runs):
+        raise TaskError(
+            f"every one of {len(runs)} episodes failed on {task_module.__name__}.environment(); the first: "
+            f"{runs[0].environment.failure}"
+        )
     return [run.episode() for run in runs]
 
 
