@@ -10,7 +10,7 @@ from pathlib import Path
 import dvc.api
 
 from tasks.common.artifacts import stage_dir
-from tasks.common.config import Params, RetrainConfig
+from tasks.common.config import GUARD_DIRECTIONS, Params, RetrainConfig
 from tasks.kinds import stage_kinds
 from tasks.stages.eval import evaluate_model
 
@@ -20,11 +20,16 @@ def decide(candidate: dict[str, float], champion: dict[str, float] | None, cfg: 
     if champion is None:
         return True, "no champion yet: the first candidate is promoted"
     gain = candidate[cfg.metric] - champion[cfg.metric]
-    regressed = [
-        f"{metric} fell {champion[metric] - candidate[metric]:.4f} (tolerance {tolerance})"
-        for metric, tolerance in cfg.guards.items()
-        if champion[metric] - candidate[metric] > tolerance
-    ]
+    regressed = []
+    for metric, tolerance in cfg.guards.items():
+        if metric not in candidate or metric not in champion:
+            raise ValueError(f"retrain.guards.{metric}: the evaluation reports no {metric} for this pipeline's model")
+        worse = champion[metric] - candidate[metric]
+        if GUARD_DIRECTIONS[metric] == "lower":
+            worse = -worse
+        if worse > tolerance:
+            moved = "fell" if GUARD_DIRECTIONS[metric] == "higher" else "rose"
+            regressed.append(f"{metric} {moved} {worse:.4f} (tolerance {tolerance})")
     if regressed:
         return False, "guard regressed: " + "; ".join(regressed)
     versus = f"{cfg.metric} {candidate[cfg.metric]:.4f} vs champion {champion[cfg.metric]:.4f}: gain {gain:+.4f}"

@@ -14,26 +14,44 @@ from hypothesis import strategies as st
 from flows.cli import main
 from flows.gate import decide
 from flows.registry import Decision, assign_prod, prod_version, register, registry, render, rollback
-from tasks.common.config import GATE_METRICS, ConfigError, RetrainConfig
+from tasks.common.config import GUARD_DIRECTIONS, ConfigError, RetrainConfig
 
 METRIC = st.floats(0, 1, allow_nan=False)
 
 
 @given(
-    candidate=st.fixed_dictionaries({m: METRIC for m in GATE_METRICS}),
-    champion=st.fixed_dictionaries({m: METRIC for m in GATE_METRICS}),
+    candidate=st.fixed_dictionaries({m: METRIC for m in GUARD_DIRECTIONS}),
+    champion=st.fixed_dictionaries({m: METRIC for m in GUARD_DIRECTIONS}),
     margin=st.floats(0, 0.5),
     tolerance=st.floats(0, 0.5),
 )
 def test_the_gate_promotes_exactly_a_gain_past_the_margin_with_no_guard_past_its_tolerance(
     candidate, champion, margin, tolerance
 ):
-    cfg = RetrainConfig(metric="pass@1", margin=margin, guards={"format_rate": tolerance, "gold_reward": tolerance})
+    guards = {"format_rate": tolerance, "gold_reward": tolerance, "truncated_rate": tolerance}
+    cfg = RetrainConfig(metric="pass@1", margin=margin, guards=guards)
     promoted, why = decide(candidate, champion, cfg)
     gain = candidate["pass@1"] - champion["pass@1"]
-    guards_hold = all(champion[m] - candidate[m] <= tolerance for m in ("format_rate", "gold_reward"))
+    higher_hold = all(champion[m] - candidate[m] <= tolerance for m in ("format_rate", "gold_reward"))
+    guards_hold = higher_hold and candidate["truncated_rate"] - champion["truncated_rate"] <= tolerance
     assert promoted == (gain >= margin and guards_hold)
     assert ("guard regressed" in why) == (not guards_hold)
+
+
+def test_the_default_guards_reject_answers_as_correct_but_three_times_longer():
+    """A shard whose answers were padded keeps pass@1 and the format: the length guard, not pass@1, refuses it."""
+    cfg = RetrainConfig()
+    champion = {"pass@1": 0.50, "format_rate": 0.99, "response_length": 20.0}
+    padded = {"pass@1": 0.60, "format_rate": 0.99, "response_length": 68.0}
+    promoted, why = decide(padded, champion, cfg)
+    assert not promoted and why == "guard regressed: response_length rose 48.0000 (tolerance 16.0)"
+    assert decide({**padded, "response_length": 30.0}, champion, cfg)[0]
+
+
+def test_a_guard_on_a_metric_the_evaluation_lacks_is_an_error_naming_it():
+    cfg = RetrainConfig(guards={"tool_errors": 0.1})
+    with pytest.raises(ValueError, match="retrain.guards.tool_errors: the evaluation reports no tool_errors"):
+        decide({"pass@1": 0.6}, {"pass@1": 0.5}, cfg)
 
 
 def test_the_gate_says_why():

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from cronsim import CronSim, CronSimError
 from dvc.config_schema import REMOTE_SCHEMAS
 
-from tasks.common.config import GATE_METRICS, Params
+from tasks.common.config import GUARD_DIRECTIONS, Params
 from tasks.common.config.fields import schema_fields
 
 
@@ -39,8 +39,8 @@ def operations_errors(params: Params) -> Iterator[str]:
             elif not (math.isfinite(amount) and amount > 0):
                 yield f"{key}.{resource}: an amount of a Ray resource must be a finite number > 0, got {amount}"
     for metric, tolerance in params.retrain.guards.items():
-        if metric not in GATE_METRICS:
-            yield f"retrain.guards.{metric}: not a gate metric (one of {', '.join(GATE_METRICS)})"
+        if metric not in GUARD_DIRECTIONS:
+            yield f"retrain.guards.{metric}: not a metric the eval reports (one of {', '.join(GUARD_DIRECTIONS)})"
         elif not (math.isfinite(tolerance) and tolerance >= 0):
             yield f"retrain.guards.{metric}: a tolerance must be a finite number >= 0, got {tolerance}"
     yield from _remote_errors(params.remote.url, params.remote.endpoint_url)

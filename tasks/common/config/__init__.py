@@ -13,6 +13,7 @@ from tasks.common.config.agents import AgentDataConfig, AgentSections
 from tasks.common.config.fields import ConfigError, schema_section, to_dict
 from tasks.common.config.operations import (
     GATE_METRICS,
+    GUARD_DIRECTIONS,
     OperationsSections,
     RemoteConfig,
     RetrainConfig,
@@ -67,6 +68,7 @@ class Params(OperationsSections, AgentSections, RLSections, SupervisedSections):
 
 __all__ = [
     "GATE_METRICS",
+    "GUARD_DIRECTIONS",
     "LEARNERS",
     "SEED_MAX",
     "AgentConfig",

@@ -7,8 +7,13 @@ from typing import Annotated
 from tasks.common.config.fields import OneOf, Weight, mapping, param, schema_section, section
 from tasks.common.config.sections import StageResources
 
-# What the gate can compare, each higher-is-better (response_length has no better direction): eval@<model>'s metrics.
+# What the gate can compare, each higher-is-better: eval@<model>'s metrics.
 GATE_METRICS = ("pass@1", "pass@k", "sample_accuracy", "gold_reward", "format_rate")
+# Every metric eval@<model> (or agent_eval) reports that has a better direction: what retrain.guards may name.
+GUARD_DIRECTIONS = {
+    **dict.fromkeys(GATE_METRICS, "higher"),
+    **dict.fromkeys(("response_length", "truncated_rate", "tool_errors", "max_turns_rate"), "lower"),
+}
 
 
 def _default_resources() -> dict[str, StageResources]:
@@ -51,9 +56,11 @@ class RetrainConfig:
         why="every gate metric lies in [0, 1], so a larger margin could never promote a candidate",
     )
     guards: dict[str, Weight] = mapping(
-        lambda: {"format_rate": 0.05},
-        "Metrics that must not regress: metric -> the most the candidate may fall below the champion. "
-        f"Metrics: {', '.join(GATE_METRICS)}.",
+        lambda: {"format_rate": 0.05, "response_length": 16.0},
+        "Metrics that must not regress: metric -> the most the candidate may be worse than the champion, in the "
+        "metric's units (a rate's fraction, response_length's tokens); worse is lower for "
+        f"{', '.join(m for m, d in GUARD_DIRECTIONS.items() if d == 'higher')} and higher for "
+        f"{', '.join(m for m, d in GUARD_DIRECTIONS.items() if d == 'lower')}.",
     )
     quarantine: str | None = param(
         "data/quarantine",
