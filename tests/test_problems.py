@@ -103,6 +103,9 @@ def test_splits_are_disjoint_seeded_and_sized(name):
     assert other_train != train
 
 
-def test_too_small_a_problem_space_is_an_error_naming_the_task():
-    with pytest.raises(DatasetError, match="task.arithmetic"):
-        generate_splits(TaskConfig(name="arithmetic", arithmetic=ArithmeticConfig(digits=1, ops="+")), 500, 50, seed=0)
+def test_too_small_a_problem_space_is_an_error_naming_the_task_and_the_sizes_of_the_section_that_asked():
+    small = TaskConfig(name="arithmetic", arithmetic=ArithmeticConfig(digits=1, ops="+"))
+    with pytest.raises(DatasetError, match=r"task.arithmetic: .* data.num_train \+ data.num_test = 550"):
+        generate_splits(small, 500, 50, seed=0)
+    with pytest.raises(DatasetError, match=r"agent_data.num_train \+ agent_data.num_test = 550"):
+        generate_splits(small, 500, 50, seed=0, section="agent_data")

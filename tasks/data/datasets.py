@@ -44,8 +44,11 @@ class DatasetError(ValueError):
     """A malformed dataset; the message names the file and line."""
 
 
-def generate_splits(task_cfg, num_train: int, num_test: int, seed: int) -> tuple[list[Example], list[Example]]:
-    """Draw ``num_test`` then ``num_train`` distinct problems; no prompt appears in both splits."""
+def generate_splits(
+    task_cfg, num_train: int, num_test: int, seed: int, section: str = "data"
+) -> tuple[list[Example], list[Example]]:
+    """Draw ``num_test`` then ``num_train`` distinct problems; no prompt appears in both splits. ``section``: the
+    params section whose sizes these are (data, agent_data), named when the task has too few problems."""
     family, family_cfg = task_module(task_cfg.name), getattr(task_cfg, task_cfg.name, None)
     rng = random.Random(f"alignflow-data-{seed}")
     seen: set[str] = set()
@@ -63,7 +66,8 @@ def generate_splits(task_cfg, num_train: int, num_test: int, seed: int) -> tuple
         if len(split) < size:
             raise DatasetError(
                 f"task.{task_cfg.name}: found only {len(seen)} distinct problems, fewer than "
-                f"data.num_train + data.num_test = {num_train + num_test}; make the task harder or the splits smaller"
+                f"{section}.num_train + {section}.num_test = {num_train + num_test}; make the task harder or the "
+                "splits smaller"
             )
         splits.append(split)
     test, train = splits

@@ -20,7 +20,8 @@ def run(stage: StageRun) -> None:
     train = read_shards(cfg.train_file, task.name) if cfg.train_file else None
     test = read_shards(cfg.test_file, task.name) if cfg.test_file else None
     if train is None or test is None:
-        generated_train, generated_test = generate_splits(task, cfg.num_train, cfg.num_test, params.seed)
+        section = stage.kind.section
+        generated_train, generated_test = generate_splits(task, cfg.num_train, cfg.num_test, params.seed, section)
         train = generated_train if train is None else train
         test = generated_test if test is None else test
     overlap = {e.prompt for e in train} & {e.prompt for e in test}
