@@ -294,6 +294,9 @@ def _serve(args: argparse.Namespace) -> None:
     serve_pipelines(load_params("params.yaml"))
 
 
+RETRAIN_OWN_SECTIONS = ("retrain", "remote")
+
+
 def _retrain(args: argparse.Namespace) -> None:
     from tasks.common.cluster import connect_ray
     from tasks.params.load import load_params
@@ -303,8 +306,13 @@ def _retrain(args: argparse.Namespace) -> None:
     from flows.overrides import form_values
     from flows.pipelines import FORMS
     from flows.retrain import RETRAIN_FLOWS
+    from tasks.params.write import write_overrides
 
-    form = form_values(args.pipeline, FORMS[args.pipeline], args.overrides)
+    # The gate's and the remote's keys are the retrain's own, not a stage's: params.yaml takes them (the run reads
+    # them there), the run form the stages' keys.
+    own = [o for o in args.overrides if o.partition("=")[0].strip().split(".")[0] in RETRAIN_OWN_SECTIONS]
+    form = form_values(args.pipeline, FORMS[args.pipeline], [o for o in args.overrides if o not in own])
+    write_overrides(Path("params.yaml"), own)
     connect_ray(params.runner)
     print(json.dumps(RETRAIN_FLOWS[args.pipeline](params=form), indent=2))
 

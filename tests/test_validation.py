@@ -336,3 +336,25 @@ def test_a_legal_but_pointless_value_is_warned_about_once_naming_the_key(project
         load_params("params.yaml", ["grpo.sync_every=100000"])
     warned = capsys.readouterr().err
     assert warned.count("grpo.sync_every: 100000 exceeds the stage's") == 1, warned
+
+
+def test_retrain_takes_the_remote_and_the_gate_from_the_command_line(project, monkeypatch, tmp_path):
+    """`alignflow retrain sft remote.url=... retrain.margin=...`: the retrain's own keys go into params.yaml, where
+    its run reads them (and pushes to that remote); the stages' keys go to the run form. A bad key is refused
+    before params.yaml changes."""
+    import flows.retrain
+    import tasks.common.cluster
+
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=project, check=True)
+    ran = []
+    monkeypatch.setattr(tasks.common.cluster, "connect_ray", lambda runner: None)
+    monkeypatch.setattr(flows.retrain, "RETRAIN_FLOWS", {"sft": lambda params: ran.append(params) or {}})
+    remote = tmp_path / "elsewhere"
+    assert main(["retrain", "sft", f"remote.url={remote}", "retrain.margin=0.1", "sft.lr=0.001"]) == 0
+    params = load_params("params.yaml")
+    assert (params.remote.url, params.retrain.margin) == (str(remote), 0.1)
+    (form,) = ran
+    assert form.sft.lr == 0.001
+    assert main(["retrain", "sft", "remote.url=/x", "sft.nosuch=1"]) == 2
+    assert load_params("params.yaml").remote.url == str(remote)
