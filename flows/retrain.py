@@ -11,11 +11,15 @@ One retrain, holding the project's run lock throughout:
 4. the gate scores candidate and champion (the model in ``prod``) on the same held-out split; the candidate is
    registered as the next version with the decision and its numbers as the tag's message, and promoted to
    ``prod`` only if the gate says so;
-5. a rejected candidate's new shards move to ``retrain.quarantine``, so the next candidate trains without them.
+5. a rejected candidate's new shards move to ``retrain.quarantine``, so the next candidate trains without them; so
+   do new shards the data stage would refuse (step 1), before anything is versioned or trained.
 
 A run that fails at any step before registration registers nothing and leaves ``prod`` where it was.
 """
 
+import contextlib
+import os
+from collections.abc import Iterator
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -36,20 +40,53 @@ from tasks.common.config import Params
 from tasks.data.datasets import read_shards, shard_files
 from tasks.params.load import load_params
 from tasks.pipelines import PIPELINES
+from tasks.stages.data import splits
 
 
 def track_shards(project: Path, params: Params) -> list[str]:
-    """Validate every shard of your own, then ``dvc add`` those not yet versioned; return every shard's path."""
+    """Validate every shard of your own and the splits they make, then ``dvc add`` those not yet versioned; return
+    every shard's path. New shards the data stage would refuse (a bad row, a held-out problem in the training
+    split) are moved to ``retrain.quarantine`` unversioned, so the next retrain runs without them, and the refusal
+    is raised."""
     sources = [source for source in (params.data.train_file, params.data.test_file) if source is not None]
-    for source in sources:
-        # DatasetError naming file:line, before anything is added; the data stage says what repeats
-        read_shards(project / source, params.task.name, say_repeats=False)
     shards = sorted({str(f.relative_to(project)) for s in sources for f in shard_files(project / s)})
     with open_repo(project) as repo:
         new = [s for s in shards if not (project / f"{s}.dvc").exists() and not repo.scm.is_tracked(s)]
+        try:
+            for source in sources:  # DatasetError naming file:line; the data stage says what repeats
+                read_shards(project / source, params.task.name, say_repeats=False)
+            with _working_in(project):
+                splits(params, "data")  # the data stage's own check: no prompt in both splits
+        except ValueError as refusal:
+            if not new or params.retrain.quarantine is None:
+                raise
+            moved = _set_aside(project, new, params.retrain.quarantine)
+            raise ValueError(
+                f"{refusal}; the new shard(s) moved to {', '.join(moved)}: fix and move them back"
+            ) from None
         if new:
             repo.add([str(project / s) for s in new])
     return shards
+
+
+def _set_aside(project: Path, shards: list[str], where: str) -> list[str]:
+    """Move unversioned ``shards`` into ``where``; their new paths."""
+    (project / where).mkdir(parents=True, exist_ok=True)
+    moved = [str(Path(where) / Path(shard).name) for shard in shards]
+    for shard, target in zip(shards, moved, strict=True):
+        (project / shard).rename(project / target)
+    return moved
+
+
+@contextlib.contextmanager
+def _working_in(project: Path) -> Iterator[None]:
+    """In ``project`` (params' data paths are relative to it), then back."""
+    before = Path.cwd()
+    os.chdir(project)
+    try:
+        yield
+    finally:
+        os.chdir(before)
 
 
 def save_candidate(project: Path, pipeline: str, params: Params) -> str:

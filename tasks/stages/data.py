@@ -6,6 +6,7 @@ import json
 from collections import Counter
 
 from tasks.common.artifacts import atomic_output, stage_dir
+from tasks.common.config import Params
 from tasks.common.errors import warn
 from tasks.common.registry import StageRun
 from tasks.common.tracking import stage_live
@@ -13,20 +14,29 @@ from tasks.data.datasets import generate_splits, read_shards, write_jsonl
 from tasks.data.problems import Example
 
 
-def run(stage: StageRun) -> None:
-    params, cfg = stage.params, stage.config
+def splits(params: Params, section: str) -> tuple[list[Example], list[Example]]:
+    """The train and held-out splits the section ``section`` (data, agent_data) asks for: read from its shards,
+    generated from the seed, or both; DatasetError naming file:line on a bad row, ValueError when a prompt is in
+    both splits (a shard of your own that repeats a held-out problem)."""
+    cfg = getattr(params, section)
     task = dataclasses.replace(params.task, name=getattr(cfg, "task", params.task.name))
     # Every row of every shard of your own is validated before anything is generated or written.
     train = read_shards(cfg.train_file, task.name) if cfg.train_file else None
     test = read_shards(cfg.test_file, task.name) if cfg.test_file else None
     if train is None or test is None:
-        section = stage.kind.section
         generated_train, generated_test = generate_splits(task, cfg.num_train, cfg.num_test, params.seed, section)
         train = generated_train if train is None else train
         test = generated_test if test is None else test
     overlap = {e.prompt for e in train} & {e.prompt for e in test}
     if overlap:
-        raise ValueError(f"data: {len(overlap)} prompt(s) are in both splits, e.g. {sorted(overlap)[0]!r}")
+        raise ValueError(f"{section}: {len(overlap)} prompt(s) are in both splits, e.g. {sorted(overlap)[0]!r}")
+    return train, test
+
+
+def run(stage: StageRun) -> None:
+    params, cfg = stage.params, stage.config
+    task_name = getattr(cfg, "task", params.task.name)
+    train, test = splits(params, stage.kind.section)
 
     with atomic_output(stage_dir(stage.name)) as out, stage_live(stage.name) as live:
         out.mkdir()
@@ -36,8 +46,8 @@ def run(stage: StageRun) -> None:
         live.log_metric("num_test", len(test), plot=False)
     if params.base.model_path is None:
         _say_unknown_characters(train + test)
-    splits = (("train", train, cfg.train_file), ("test", test, cfg.test_file))
-    print(f"{stage.name}: task {task.name}; " + "; ".join(_said(*split) for split in splits))
+    read = (("train", train, cfg.train_file), ("test", test, cfg.test_file))
+    print(f"{stage.name}: task {task_name}; " + "; ".join(_said(*split) for split in read))
 
 
 def _said(split: str, rows: list[Example], source: str | None) -> str:
