@@ -5,6 +5,7 @@ import errno
 import importlib
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -402,6 +403,19 @@ def _require_project(command: str) -> None:
             )
 
 
+def _require_a_commit(command: str) -> None:
+    """In a git repository, one line when it has no commit yet: DVC and DVCLive read the repository's HEAD, and
+    would answer with a traceback after the stage's work."""
+    from tasks.common.config import ConfigError
+
+    inside = subprocess.run(["git", "rev-parse", "--git-dir"], capture_output=True, text=True)
+    if inside.returncode == 0 and subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"]).returncode != 0:
+        raise ConfigError(
+            f"{Path.cwd()}: the git repository has no commit yet; commit the project first (git add -A && git "
+            f"commit -m init): `alignflow {command}` records what it ran against a commit"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # The Prefect server a flow run starts for itself would report usage over the network (an ERROR line offline).
@@ -425,6 +439,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command in _IN_A_PROJECT:
             _require_project(args.command)
+        if args.command in (*_IN_A_PROJECT, "stage"):
+            _require_a_commit(args.command)
         commands = {
             "stage": _run_stage,
             "repro": _repro,

@@ -347,6 +347,9 @@ def test_retrain_takes_the_remote_and_the_gate_from_the_command_line(project, mo
 
     subprocess.run(["git", "init", "-q"], cwd=project, check=True)
     subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=project, check=True)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "add", "-A"], cwd=project, check=True)
+    subprocess.run([*git, "commit", "-qm", "init"], cwd=project, check=True)
     ran = []
     monkeypatch.setattr(tasks.common.cluster, "connect_ray", lambda runner: None)
     monkeypatch.setattr(flows.retrain, "RETRAIN_FLOWS", {"sft": lambda params: ran.append(params) or {}})
@@ -358,3 +361,10 @@ def test_retrain_takes_the_remote_and_the_gate_from_the_command_line(project, mo
     assert form.sft.lr == 0.001
     assert main(["retrain", "sft", "remote.url=/x", "sft.nosuch=1"]) == 2
     assert load_params("params.yaml").remote.url == str(remote)
+
+
+def test_a_stage_in_a_git_repository_without_a_commit_is_refused_in_one_line_before_any_work(project, capsys):
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    assert main(["stage", "data"]) == 2
+    assert "the git repository has no commit yet; commit the project first" in capsys.readouterr().err
+    assert produced(project) == [".git"]
