@@ -409,7 +409,12 @@ def _require_a_commit(command: str) -> None:
     from tasks.common.config import ConfigError
 
     inside = subprocess.run(["git", "rev-parse", "--git-dir"], capture_output=True, text=True)
-    if inside.returncode == 0 and subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"]).returncode != 0:
+    head = (
+        subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], capture_output=True)
+        if inside.returncode == 0
+        else None
+    )
+    if head is not None and head.returncode != 0:
         raise ConfigError(
             f"{Path.cwd()}: the git repository has no commit yet; commit the project first (git add -A && git "
             f"commit -m init): `alignflow {command}` records what it ran against a commit"

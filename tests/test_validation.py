@@ -363,8 +363,14 @@ def test_retrain_takes_the_remote_and_the_gate_from_the_command_line(project, mo
     assert load_params("params.yaml").remote.url == str(remote)
 
 
-def test_a_stage_in_a_git_repository_without_a_commit_is_refused_in_one_line_before_any_work(project, capsys):
+def test_a_stage_in_a_git_repository_without_a_commit_is_refused_in_one_line_before_any_work(project, capfd):
     subprocess.run(["git", "init", "-q"], cwd=project, check=True)
     assert main(["stage", "data"]) == 2
-    assert "the git repository has no commit yet; commit the project first" in capsys.readouterr().err
+    assert "the git repository has no commit yet; commit the project first" in capfd.readouterr().err
     assert produced(project) == [".git"]
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "add", "-A"], cwd=project, check=True)
+    subprocess.run([*git, "commit", "-qm", "init"], cwd=project, check=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project, capture_output=True, text=True).stdout.strip()
+    assert main(["stage", "data"]) == 0
+    assert head not in capfd.readouterr().out  # the check says nothing of its own on stdout (--json commands)
