@@ -105,3 +105,14 @@ def test_the_stage_stops_updating_once_the_kl_passes_its_budget(exploited):
     assert curve(path, "kl") == kl[:4]
     guard = json.loads((path / "artifacts/ppo/guard.json").read_text())
     assert [probe["step"] for probe in guard["probes"]] == [0, 2, 4]
+
+
+def test_too_few_held_out_pairs_for_a_judge_is_a_warning_and_no_judge(tmp_path):
+    """A held-out split smaller than a batch trains no judge: reward_model says so and the guard's auto is none."""
+    path = make_project(tmp_path, ("preferences.test_file=data/one_pair.jsonl",))
+    honest_pair = {"prompt": "1+1=", "chosen": "<answer>2</answer>", "rejected": "<answer>3</answer>", "meta": {}}
+    (path / "data/one_pair.jsonl").write_text(json.dumps(honest_pair) + "\n")
+    output = dvc(path, "repro", "reward_model")
+    assert "reward_model.judge: 1 held-out pairs, fewer than reward_model.batch_size=8: no judge" in output
+    assert not (path / "artifacts/reward_model/judge").exists()
+    assert (path / "artifacts/reward_model/member-0").is_dir()

@@ -34,6 +34,7 @@ from tasks.algos.tokens import masked, masked_mean
 from tasks.common.artifacts import JUDGE, REWARD_MODEL_DIR, atomic_output, member_dirs, model_dir
 from tasks.common.config import OptimizationConfig, Params, RewardModelConfig, to_dict
 from tasks.common.distributed import Rank, data_parallel_step, run_data_parallel
+from tasks.common.errors import warn
 from tasks.common.registry import StageRun
 from tasks.common.tracking import log_step, stage_live
 from tasks.common.training import Checkpointer, epoch_batch, fit, make_deterministic, save_trained
@@ -173,13 +174,18 @@ def run(stage: StageRun) -> None:
     train_pairs = read_preferences(inputs["preferences"] / "train.jsonl")
     test_pairs = read_preferences(inputs["preferences"] / "test.jsonl")
     backbone, entry = inputs["backbone"], REWARD_KINDS[cfg.kind]
+    if len(train_pairs) < cfg.batch_size:
+        raise ValueError(
+            f"reward_model: {len(train_pairs)} training pairs, fewer than reward_model.batch_size={cfg.batch_size}"
+        )
     judged = entry.trains and cfg.judge
-    for split, pairs in (("training", train_pairs), ("held-out", test_pairs if judged else train_pairs)):
-        if len(pairs) < cfg.batch_size:
-            raise ValueError(
-                f"reward_model: {len(pairs)} {split} pairs, fewer than reward_model.batch_size={cfg.batch_size}"
-                + (" (reward_model.judge trains on the held-out pairs)" if split == "held-out" else "")
-            )
+    if judged and len(test_pairs) < cfg.batch_size:
+        warn(
+            f"reward_model.judge: {len(test_pairs)} held-out pairs, fewer than reward_model.batch_size="
+            f"{cfg.batch_size}: no judge is trained, so the RL stages' guard (guard.signal: auto) keeps their last "
+            "iteration"
+        )
+        judged = False
     config = {"stage": "reward_model", "seed": params.seed, **to_dict(cfg)}
     checkpointer = Checkpointer("reward_model", config, [backbone, inputs["preferences"]])
     with atomic_output(REWARD_MODEL_DIR) as out, stage_live("reward_model") as live:
