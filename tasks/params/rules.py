@@ -155,7 +155,7 @@ def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
         )
     if cfg.guard.signal == "judge" and not params.reward_model.judge:
         yield f"{name}.guard.signal: judge reads the reward model's judge; set reward_model.judge=true"
-    if cfg.guard.signal != "none" and cfg.parallel.strategy == "fsdp" and cfg.parallel.num_workers > 1:
+    if cfg.guard.signal in ("judge", "ensemble") and cfg.parallel.strategy == "fsdp" and cfg.parallel.num_workers > 1:
         yield (
             f"{name}.guard.signal: the guard keeps a whole copy of the policy's weights, which fsdp workers shard; "
             f"none, or {name}.parallel.strategy=ddp"

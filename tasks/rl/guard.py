@@ -38,8 +38,9 @@ def guard_signal(cfg: RLConfig, rewarded_by_model: bool, has_judge: bool) -> str
     """The signal ``cfg.guard`` asks for, ``auto`` resolved (None: no guard); ValueError naming the key when it
     cannot be had."""
     signal = cfg.guard.signal
+    sharded = cfg.parallel.strategy == "fsdp" and cfg.parallel.num_workers > 1  # no whole copy of the weights
     if signal == "auto":
-        return "judge" if rewarded_by_model and has_judge else None
+        return "judge" if rewarded_by_model and has_judge and not sharded else None
     if signal == "none":
         return None
     if not rewarded_by_model:

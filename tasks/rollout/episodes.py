@@ -152,9 +152,10 @@ def run_episodes(
             for run, completion in zip(live, completions, strict=True):
                 _play(run, completion, engine, observations, turn == max_turns, max_total_tokens)
     if runs and all(run.environment.failure for run in runs):
+        failures = list(dict.fromkeys(run.environment.failure for run in runs))
         raise TaskError(
-            f"every one of {len(runs)} episodes failed on {task_module.__name__}.environment(); the first: "
-            f"{runs[0].environment.failure}"
+            f"every one of {len(runs)} episodes failed on {task_module.__name__}.environment(): "
+            + "; ".join(failures[:3])
         )
     return [run.episode() for run in runs]
 
