@@ -58,10 +58,12 @@ class RewardWorker:
 
     def judge_scores(self, prompts: list[str], completions: list[Completion]) -> dict[str, torch.Tensor]:
         """What the guard reads of ``completions``, (N,) each: the judge's scores (when there is a judge), the
-        members' mean, their spread (std) and their conservative score, mean - reward_ensemble_std_coef x std."""
+        members' spread (std) and their conservative score (the mean_minus_std ensemble rule)."""
         scores = self.members_scores(prompts, completions)
-        mean, spread = scores.mean(0), scores.std(0, correction=0)
-        judged = {"ensemble_mean": mean, "disagreement": spread, "ensemble": mean - self.std_coef * spread}
+        judged = {
+            "disagreement": scores.std(0, correction=0),
+            "ensemble": REWARD_ENSEMBLES["mean_minus_std"](scores, self.std_coef),
+        }
         if self.judge is not None:
             judged["judge"] = self._scores(self.judge, prompts, completions)
         return judged
