@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from flows import warm_runner
-from flows.fingerprints import refresh_fingerprints
 from tasks.common.registry import usage_name
 from tasks.kinds import stage_kinds
 from tasks.pipelines import PIPELINES
@@ -145,6 +144,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     generate.add_argument("--check", action="store_true", help="exit 1 if a file would change, naming it")
 
+    commands.add_parser(
+        "fingerprints",
+        help="write the sha256 of each model source and task module params.yaml names (dvc.yaml's sources stage)",
+        description="Write sources/*.sha256: the content of each model source and task module of your own that "
+        "params.yaml names, the files dvc.yaml lists in their stead. dvc.yaml's `sources` stage runs this on "
+        "every repro; a file whose source is unchanged keeps its bytes.",
+    )
+
     report = commands.add_parser("report", help="print every stage's latest metrics in pipeline order")
     report.add_argument("--json", action="store_true", help="one JSON object: stage -> flat metrics")
     return parser
@@ -276,7 +283,6 @@ def _repro(args: argparse.Namespace) -> int:
     targets = _repro_targets(args.target, params)
     _check_user_data(params)
     _stick("params.yaml", args.overrides)
-    refresh_fingerprints(params, Path.cwd())  # DVC then sees a model source's new bytes behind the same name
     with warm_runner.started():  # the stages DVC runs skip the imports a stage process would pay
         status = dvc_main(["repro", *targets])
     if status == 0 and params.remote.push:
@@ -366,6 +372,14 @@ def _report(args: argparse.Namespace) -> None:
 
     report = collect()
     print(json.dumps(report, indent=2) if args.json else render(report))
+
+
+def _fingerprints(args: argparse.Namespace) -> int:
+    from flows.fingerprints import refresh_fingerprints
+    from tasks.params.load import load_params
+
+    refresh_fingerprints(load_params("params.yaml"), Path.cwd())
+    return 0
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -458,6 +472,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "lineage": _lineage,
             "report": _report,
             "generate": _generate,
+            "fingerprints": _fingerprints,
         }
         return commands[args.command](args) or 0
     except NonFiniteError as error:

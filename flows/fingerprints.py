@@ -1,5 +1,7 @@
 """The fingerprint files dvc.yaml lists in place of what params name by a name alone (a model source, a task module
-of your own), refreshed from their content before DVC decides what is up to date.
+of your own), written from their content by the ``sources`` stage (``alignflow fingerprints``). DVC runs that stage
+first on every repro (``always_changed``); a fingerprint whose source did not change keeps its bytes, so nothing
+downstream re-runs, and plain ``dvc repro`` and ``dvc status`` see a changed source as ``alignflow repro`` does.
 
 DVC sees a task only through params (``task.name``, ``agent_data.task``): an edited generator, verifier or environment
 under the same name would leave every stage "up to date", or restore stale outputs from DVC's run cache. Its digest
@@ -17,15 +19,23 @@ from tasks.data.problems import BUILT_IN, task_module
 from tasks.kinds import stage_kinds
 
 TASK_FINGERPRINT_HEADER = (
-    "# The task module's source by content, written by alignflow (flows/fingerprints.py) before DVC\n"
-    "# decides what runs: dvc.yaml lists this file, so an edited generator, verifier or environment re-runs the\n"
+    "# The task module's source by content, written by dvc.yaml's `sources` stage, which every `dvc repro`\n"
+    "# runs first: dvc.yaml lists this file, so an edited generator, verifier or environment re-runs the\n"
     "# stages that use it (docs/tasks.md). Commit it with dvc.lock."
 )
+SOURCES_STAGE = "sources"
+
+
+def fingerprinted() -> list[tuple[str, str]]:
+    """(fingerprint file, the params key it stands for) of every model source and task module a stage reads."""
+    kinds = stage_kinds().values()
+    sources = [(kind.fingerprint, f"{kind.section}.{kind.source}") for kind in kinds if kind.source is not None]
+    return sources + [(kind.task_fingerprint, kind.task_key) for kind in kinds if kind.task_key is not None]
 
 
 def refresh_fingerprints(params: Any, project: Path) -> None:
-    """Write the sha256 of each model source and task module ``params`` name to its fingerprint file in ``project``:
-    run before DVC decides what is up to date, so that it compares their content with what dvc.lock recorded."""
+    """Write the sha256 of each model source and task module ``params`` name to its fingerprint file in ``project``
+    (the ``sources`` stage's command), so that DVC compares their content with what dvc.lock recorded."""
     for kind in stage_kinds().values():
         if kind.source is not None:
             spec = getattr(getattr(params, kind.section), kind.source)

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from flows.fingerprints import SOURCES_STAGE, fingerprinted
 from flows.imports import REPO, has_code, transitive_imports
 from tasks.common.artifacts import CURVE_FILE, PERF_FILE, PERF_STEPS_FILE, model_dir
 from tasks.common.config import Params
@@ -110,8 +111,8 @@ def _entry(kind: StageKind, name: str, foreach: list[str] | str | None, target: 
     deps = ["data  # your own JSONL and incoming shards: a new shard retrains"] if kind.user_data else []
     deps += [_artifact(read, kind, target) for read in kind.reads.values()] + list(_code_deps(kind.entry))
     if kind.fingerprint is not None:
-        deps.append(f"{kind.fingerprint}  # {kind.section}.{kind.source} by content, refreshed by alignflow")
-    deps += [f"{fingerprint}  # {key}'s code by content, refreshed by alignflow" for fingerprint, key in _tasks(kind)]
+        deps.append(f"{kind.fingerprint}  # {kind.section}.{kind.source} by content (the {SOURCES_STAGE} stage)")
+    deps += [f"{file}  # {key}'s code by content (the {SOURCES_STAGE} stage)" for file, key in _tasks(kind)]
     command = f"{kind.name}@{target}" if kind.target else kind.name
     out = command.replace("@", "/")
     lines = [f"  {name}:", *_wrapped(kind.description, "    # ", "    # ")]
@@ -131,7 +132,30 @@ def _entry(kind: StageKind, name: str, foreach: list[str] | str | None, target: 
     return lines + ["    do:", *[f"      {line}" for line in body]]
 
 
+def _sources_stage() -> list[str]:
+    """The stage that writes the fingerprints the others list: DVC runs it on every repro, and a file whose source
+    did not change keeps its bytes (``persist``: DVC does not delete it first), so nothing downstream re-runs. It
+    lists no params: it runs whatever they say, and the stages that read a fingerprint list the rest of theirs."""
+    files = fingerprinted()
+    lines = [
+        f"  {SOURCES_STAGE}:",
+        *_wrapped(
+            "the sha256 of each model source and task module of your own that params name, a file each: run on "
+            "every repro, so dvc status and dvc repro see new bytes behind the same name",
+            "    # ",
+            "    # ",
+        ),
+        "    cmd: alignflow fingerprints",
+        "    always_changed: true",
+        "    outs:",
+    ]
+    for file, _ in files:
+        lines += [f"      - {file}:", "          cache: false", "          persist: true"]
+    return lines
+
+
 def _stages() -> Iterator[list[str]]:
+    yield _sources_stage()
     for kind in stage_kinds().values():
         if kind.target == "model":  # a stage per model it evaluates: one group, and one per kind trained per round
             models, round_models = model_kinds(kind.name)

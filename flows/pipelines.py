@@ -29,7 +29,6 @@ from prefect.exceptions import TerminationSignal
 from prefect.futures import PrefectFuture, wait
 from pydantic import BaseModel
 
-from flows.fingerprints import refresh_fingerprints
 from flows.overrides import changed_overrides, form_model
 from flows.remote import push
 from flows.report import collect, markdown_table, stage_metrics
@@ -212,7 +211,6 @@ def run_pipeline(name: str, overrides: list[str], project: Path, push_after: boo
     with run_lock(project), overrides_written(project / "params.yaml", overrides):
         if overrides:
             logger.info(f"params.yaml updated with {', '.join(overrides)}")
-        refresh_fingerprints(params, project)  # before DVC says which stages are up to date
         connect_ray(params.runner)
         check_cancelled()
         start_run()

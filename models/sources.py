@@ -28,9 +28,9 @@ _GGUF_STRING, _GGUF_ARRAY = 8, 9
 _GGUF_ALIGNMENT = 32  # where the tensor data starts, unless general.alignment says otherwise
 _SHOWN = 5  # the names an error lists, of many
 FINGERPRINT_HEADER = (
-    "# The model source by content, written by alignflow (models/sources.py) before DVC decides what runs: dvc.yaml"
-    " lists\n# this file, not the source's name, so new bytes behind the same path re-run the stage and the same"
-    " bytes under\n# another name do not (docs/real-models.md). Commit it with dvc.lock."
+    "# The model source by content, written by dvc.yaml's `sources` stage, which every `dvc repro` runs first:"
+    " dvc.yaml\n# lists this file, not the source's name, so new bytes behind the same path re-run the stage and the"
+    " same bytes\n# under another name do not (docs/real-models.md). Commit it with dvc.lock."
 )
 
 

@@ -69,8 +69,8 @@ class StageKind:
     source: str | None = Field(
         None,
         description="The key of its section naming a model source (base's model_path), read by content: dvc.yaml "
-        "lists not the key but the file `fingerprint` names, the source's sha256, which alignflow refreshes before "
-        "DVC decides what runs; new bytes behind the same name re-run the stage, the same bytes under another name "
+        "lists not the key but the file `fingerprint` names, the source's sha256, which dvc.yaml's sources stage "
+        "writes on every repro; new bytes behind the same name re-run the stage, the same bytes under another name "
         "do not.",
     )
 
@@ -78,7 +78,7 @@ class StageKind:
         None,
         description="The params key naming the task it generates problems of ('{section}' is its own section), "
         "read by content too: dvc.yaml lists the file `task_fingerprint` names, the sha256 of a task module's own "
-        "source files, which alignflow refreshes before DVC decides what runs; the stages that read its data list "
+        "source files, which dvc.yaml's sources stage writes on every repro; the stages that read its data list "
         "it as well, so an edited generator, verifier or environment re-runs what used it.",
     )
 

@@ -12,6 +12,7 @@ import sys
 import pytest
 from dvc.repo import Repo
 
+from flows.fingerprints import SOURCES_STAGE, fingerprinted
 from flows.generate import generated, stale
 from flows.imports import has_code, transitive_imports
 from flows.registry import check_artifact_path
@@ -27,10 +28,25 @@ _COMMAND = re.compile(r"alignflow stage (\S+)")
 
 
 @pytest.fixture(scope="module")
-def dvc_stages() -> list:
+def all_dvc_stages() -> list:
     """Every stage of the repo's dvc.yaml, foreach groups expanded, as DVC itself resolves them."""
     with Repo(str(REPO)) as repo:
         return list(repo.index.stages)
+
+
+@pytest.fixture(scope="module")
+def dvc_stages(all_dvc_stages) -> list:
+    """The stages that run a stage kind: all but ``sources``."""
+    return [stage for stage in all_dvc_stages if stage.addressing.rpartition(":")[2] != SOURCES_STAGE]
+
+
+def test_the_sources_stage_writes_every_fingerprint_a_stage_reads_and_runs_on_every_repro(all_dvc_stages):
+    (sources,) = [stage for stage in all_dvc_stages if stage.addressing.rpartition(":")[2] == SOURCES_STAGE]
+    assert sources.always_changed and sources.cmd == "alignflow fingerprints"
+    written = {out.def_path for out in sources.outs}
+    assert all(not out.use_cache and out.persist for out in sources.outs)
+    read = {dep.def_path for stage in all_dvc_stages for dep in stage.deps if dep.def_path.startswith("sources/")}
+    assert read == written == {file for file, _ in fingerprinted()}
 
 
 def _stage_name(stage) -> str:
@@ -123,6 +139,8 @@ def test_editing_the_verifier_marks_every_stage_that_scores_with_it_changed(tmp_
         for stage in repo.index.stages:
             for out in stage.outs:
                 path = project / out.def_path
+                if path.is_file():  # the fingerprints, which the project holds
+                    continue
                 path.parent.mkdir(parents=True, exist_ok=True)
                 if path.suffix == ".json":
                     path.write_text("{}")
@@ -130,7 +148,7 @@ def test_editing_the_verifier_marks_every_stage_that_scores_with_it_changed(tmp_
                     path.mkdir(exist_ok=True)
                     (path / "placeholder").write_text(out.def_path)
         repo.commit(force=True)
-        names = {_stage_name(stage) for stage in repo.index.stages}
+        names = {_stage_name(stage) for stage in repo.index.stages if stage.cmd != "alignflow fingerprints"}
     assert _changed(project) == set()
 
     verifier = project / "tasks/data/problems/countdown.py"
@@ -150,6 +168,9 @@ def _changed(project) -> set[str]:
     )
     assert result.returncode == 0, result.stderr
     status = json.loads(result.stdout)
+    assert status.pop(SOURCES_STAGE) == ["always changed"]  # run on every repro: what it writes decides the rest
     with Repo(str(project)) as repo:
-        by_address = {stage.addressing: _stage_name(stage) for stage in repo.index.stages}
+        by_address = {
+            stage.addressing: _stage_name(stage) for stage in repo.index.stages if stage.cmd != "alignflow fingerprints"
+        }
     return {by_address[address] for address in status}

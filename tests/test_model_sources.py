@@ -9,11 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from gguf import GGUFWriter
 from omegaconf import OmegaConf
 
 from flows.cli import main
-from tests.conftest import ENV, make_project
+from tests.conftest import ENV, make_project, stages_run
 
 _TOKENS = ["<s>", "</s>", *"abcdefghijklmnopqrstuvwxyz0123456789 +=", "ab"]
 
@@ -99,9 +100,14 @@ def _alignflow(project: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["alignflow", *args], cwd=project, env=ENV, capture_output=True, text=True)
 
 
+def _dvc(project: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["dvc", *args], cwd=project, env=ENV, capture_output=True, text=True)
+
+
 @pytest.mark.slow
 def test_the_lock_follows_the_source_by_content_not_by_name(tmp_path):
-    """New bytes behind the same path re-run base; the same bytes under another name re-run nothing."""
+    """New bytes behind the same path re-run base, under plain `dvc repro` too; the same bytes under another name
+    re-run nothing."""
     models = tmp_path / "models"
     models.mkdir()
     first, second = tiny_gguf(models / "first.gguf"), tiny_gguf(models / "second.gguf", seed=1)
@@ -110,22 +116,27 @@ def test_the_lock_follows_the_source_by_content_not_by_name(tmp_path):
     project = make_project(tmp_path / "project", (f"base.model_path={link}",))
     built = _alignflow(project, "repro", "base")
     assert built.returncode == 0 and "Running stage 'base'" in built.stdout, built.stderr[-2000:]
+    same = _dvc(project, "repro", "base")
+    assert same.returncode == 0 and stages_run(same.stdout) == set(), same.stdout
 
     link.unlink()
-    link.symlink_to(second)  # the same path, other bytes
-    rebuilt = _alignflow(project, "repro", "base")
-    assert rebuilt.returncode == 0 and "Running stage 'base'" in rebuilt.stdout, rebuilt.stderr[-2000:]
+    link.symlink_to(second)  # the same path, other bytes: DVC alone sees them
+    status = _dvc(project, "status")
+    assert "sources:" in status.stdout and "always changed" in status.stdout, status.stdout
+    assert "up to date" not in status.stdout
+    rebuilt = _dvc(project, "repro", "base")
+    assert rebuilt.returncode == 0 and stages_run(rebuilt.stdout) == {"base"}, rebuilt.stdout + rebuilt.stderr[-2000:]
     recorded = OmegaConf.load(project / "artifacts/base/source.json")
     assert recorded.sha256 == hashlib.sha256(second.read_bytes()).hexdigest()
-    status = subprocess.run(["dvc", "status", "base"], cwd=project, env=ENV, capture_output=True, text=True)
-    assert status.returncode == 0 and "up to date" in status.stdout, status.stdout
+    assert "up to date" in _dvc(project, "status", "base").stdout
 
     renamed = shutil.copy(second, models / "renamed.gguf")  # the same bytes, another name
     lock, model = (project / "dvc.lock").read_bytes(), (project / "artifacts/base/model.safetensors").read_bytes()
     again = _alignflow(project, "repro", "base", f"base.model_path={renamed}")
-    assert again.returncode == 0 and "Running stage" not in again.stdout, again.stdout + again.stderr[-2000:]
+    assert again.returncode == 0 and stages_run(again.stdout) == set(), again.stdout + again.stderr[-2000:]
     assert "'base' didn't change" in again.stdout
-    assert (project / "dvc.lock").read_bytes() == lock
+    lock_now = yaml.safe_load((project / "dvc.lock").read_bytes())["stages"]
+    assert lock_now["base"] == yaml.safe_load(lock)["stages"]["base"]
     assert (project / "artifacts/base/model.safetensors").read_bytes() == model
 
 

@@ -140,7 +140,7 @@ def test_repro_of_a_stage_runs_it_and_its_upstream_with_overrides_that_stick(tmp
     assert done.returncode == 0, done.stderr
     assert "params.yaml updated with data.num_test=8 task.name=arithmetic" in done.stderr
     lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]
-    assert set(lock) == {"data", "base", "eval@base"}  # up to eval@base: sft is not trained
+    assert set(lock) == {"sources", "data", "base", "eval@base"}  # up to eval@base: sft is not trained
     assert lock["data"]["params"]["params.yaml"]["task.name"] == "arithmetic"
     assert load_params(project / "params.yaml").data.num_test == 8
     status = subprocess.run(["dvc", "status", "eval@base"], cwd=project, env=ENV, capture_output=True, text=True)
