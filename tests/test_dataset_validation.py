@@ -84,10 +84,11 @@ MALFORMED_PAIRS = [
 
 @pytest.mark.parametrize(("bad_row", "message"), MALFORMED_PAIRS, ids=lambda v: str(v)[:30])
 def test_malformed_preference_row_is_rejected_before_any_sampling(project, capsys, bad_row, message):
-    (project / "bad.jsonl").write_bytes(
+    (project / "data").mkdir(exist_ok=True)
+    (project / "data/bad.jsonl").write_bytes(
         ("\n".join([json.dumps(GOOD_PAIR), bad_row]) + "\n").encode("utf-8", "surrogateescape")
     )
-    assert main(["stage", "preferences", "preferences.train_file=bad.jsonl"]) == 2
+    assert main(["stage", "preferences", "preferences.train_file=data/bad.jsonl"]) == 2
     error = capsys.readouterr().err
     assert "bad.jsonl:2:" in error and message in error
     assert produced(project) == []

@@ -380,7 +380,14 @@ def cross_field_errors(params: Params) -> Iterator[str]:
         "preferences.test_file": params.preferences.test_file,
     }
     for key, path in preference_files.items():
-        if path is not None and not Path(path).is_file():
+        if path is None:
+            continue
+        if not _is_under_user_data(path):
+            yield (
+                f"{key}: must be under {USER_DATA}/ (the preferences stage depends on that directory, so dvc.lock "
+                f"names the file and an edit re-runs what read it), got {path!r}"
+            )
+        elif not Path(path).is_file():
             yield f"{key}: no file at {path!r}"
     yield from operations_errors(params)
 
