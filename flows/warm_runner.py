@@ -58,7 +58,7 @@ IMPORT_TIME_PREFIXES = (
     "VLLM_",
     "PREFECT_",
 )
-_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STATUS = struct.Struct("!i")  # a stage's exit status, negative for the signal that ended it
 HEADER = struct.Struct("!Q")  # a request's length
 
@@ -116,8 +116,8 @@ def run_warm(argv: list[str]) -> int | None:
     if read_exactly(connection, 1) != b"w":
         connection.close()
         return None
-    for number in _FORWARDED:
-        signal.signal(number, lambda number, frame: connection.sendall(bytes([number])))
+    for number in FORWARDED_SIGNALS:
+        signal.signal(number, lambda number, frame: _forward(connection, number))
     status = read_exactly(connection, STATUS.size)
     if len(status) < STATUS.size:
         print("alignflow: error: the warm runner's session ended without the stage's status", file=sys.stderr)
@@ -129,10 +129,19 @@ def run_warm(argv: list[str]) -> int | None:
     return code
 
 
+def _forward(connection: socket.socket, number: int) -> None:
+    with contextlib.suppress(OSError):  # a session already gone says so by closing: read_exactly sees that
+        connection.sendall(bytes([number]))
+
+
 def read_exactly(connection: socket.socket, size: int) -> bytes:
+    """``size`` bytes, or fewer where the other end closed (or reset) the connection first."""
     data = b""
     while len(data) < size:
-        chunk = connection.recv(size - len(data))
+        try:
+            chunk = connection.recv(size - len(data))
+        except ConnectionResetError:
+            break
         if not chunk:
             break
         data += chunk

@@ -16,7 +16,7 @@ import sys
 import threading
 
 from flows.cli import main, quiet_libraries
-from flows.warm_runner import HEADER, STATUS, import_time_environment, read_exactly
+from flows.warm_runner import FORWARDED_SIGNALS, HEADER, STATUS, import_time_environment, read_exactly
 from tasks.kinds import stage_kinds
 
 _POLL_SECONDS = 0.05  # how soon a session sees its stage end
@@ -81,6 +81,10 @@ def _session(connection: socket.socket, request: dict, fds: list[int]) -> None:
         connection.close()
         _run_stage(request, fds)
     os.setpgid(stage, stage)  # as the stage does: whichever runs first
+    # A signal to the runner's whole process group (`timeout alignflow repro`, Ctrl-C in a terminal) reaches this
+    # session too: it goes on to the stage, whose own group it is not in, and the session stays to report its end.
+    for number in FORWARDED_SIGNALS:
+        signal.signal(number, lambda number, frame: _signal_group(stage, number))
     print(f"{stage} alignflow {' '.join(request['argv'])}", flush=True)
     for fd in fds:
         os.close(fd)
@@ -93,13 +97,20 @@ def _session(connection: socket.socket, request: dict, fds: list[int]) -> None:
             os._exit(0)
         if not ready:
             continue
-        received = connection.recv(16)
-        with contextlib.suppress(ProcessLookupError):
-            for number in received or bytes([signal.SIGKILL]):
-                os.killpg(stage, number)
+        try:
+            received = connection.recv(16)
+        except ConnectionResetError:
+            received = b""
+        for number in received or bytes([signal.SIGKILL]):
+            _signal_group(stage, number)
         if not received:  # the command is gone
             os.waitpid(stage, 0)
             os._exit(0)
+
+
+def _signal_group(stage: int, number: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(stage, number)
 
 
 def _run_stage(request: dict, fds: list[int]) -> None:

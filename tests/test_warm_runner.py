@@ -98,3 +98,46 @@ def test_alignflow_repro_runs_its_stages_warm_to_the_cold_runs_lock(uninterrupte
     assert result.returncode == 0, result.stderr
     outs = {name: entry.get("outs") for name, entry in lock_entries(project).items()}
     assert outs == {name: entry.get("outs") for name, entry in uninterrupted["lock"].items()}
+
+
+def _processes_in(project: Path) -> list[int]:
+    """The processes working in ``project``: the command, DVC's stage client, the runner, its session, the stage."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cwd").resolve() == project.resolve():
+                found.append(int(entry.name))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+def test_a_stopped_repro_stops_its_stage_says_one_line_and_records_nothing(tmp_path):
+    """SIGTERM to `alignflow repro`'s process group, as `timeout` sends it, reaches the stage the warm runner forked
+    (in a process group of its own) through its session: nothing is left running, nothing recorded, one line."""
+    project = make_project(tmp_path / "stopped", ("sft.max_steps=100000",))
+    log = tmp_path / "stdout"
+    with log.open("w") as stdout:
+        command = subprocess.Popen(
+            ["alignflow", "repro", "sft"],
+            cwd=project,
+            env=ENV,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 180
+        while "Running stage 'sft'" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "Running stage 'sft'" in log.read_text(), log.read_text()
+        time.sleep(5)  # into its steps
+        os.killpg(command.pid, signal.SIGTERM)
+        _, stderr = command.communicate(timeout=60)
+    assert command.returncode == -signal.SIGTERM
+    deadline = time.monotonic() + 30
+    while _processes_in(project) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_in(project) == [], "a process of the stopped repro outlived it"
+    assert "Traceback" not in stderr and stderr.count("alignflow: stopped by SIGTERM (repro sft)") == 1, stderr
+    assert "sft" not in lock_entries(project) and not (project / "artifacts/sft").exists()
