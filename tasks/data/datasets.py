@@ -143,6 +143,16 @@ def read_shards(source: str | Path, task: str | None = None, say_repeats: bool =
     return examples
 
 
+def row_places(source: str | Path) -> list[str]:
+    """``file:line`` of every row ``read_shards(source)`` returns, in its order."""
+    return [
+        f"{shard}:{number}"
+        for shard in shard_files(source)
+        for number, raw in enumerate(shard.read_bytes().splitlines(), start=1)
+        if raw.strip()
+    ]
+
+
 def read_preferences(path: str | Path) -> list[PreferencePair]:
     """Every row of a preference JSONL as a PreferencePair; DatasetError naming ``path:line`` on the first bad row."""
     return _read_rows(path, _parse_pair)

@@ -10,8 +10,10 @@ from tasks.common.config import Params
 from tasks.common.errors import warn
 from tasks.common.registry import StageRun
 from tasks.common.tracking import stage_live
-from tasks.data.datasets import generate_splits, read_shards, write_jsonl
-from tasks.data.problems import Example
+from tasks.data.datasets import DatasetError, generate_splits, read_shards, row_places, write_jsonl
+from tasks.data.environments import is_agent_task
+from tasks.data.problems import Example, task_module
+from tasks.data.trace_replay import trace_errors
 
 
 def splits(params: Params, section: str) -> tuple[list[Example], list[Example]]:
@@ -30,6 +32,19 @@ def splits(params: Params, section: str) -> tuple[list[Example], list[Example]]:
     overlap = {e.prompt for e in train} & {e.prompt for e in test}
     if overlap:
         raise ValueError(f"{section}: {len(overlap)} prompt(s) are in both splits, e.g. {sorted(overlap)[0]!r}")
+    module = task_module(task.name)
+    if is_agent_task(module):
+        for split, rows, source in (("train", train, cfg.train_file), ("test", test, cfg.test_file)):
+            places = (
+                row_places(source)
+                if source
+                else [f"{section}'s generated {split} row {i + 1}" for i in range(len(rows))]
+            )
+            agent = params.agent
+            errors = list(trace_errors(module, rows, places, agent.tool_timeout_seconds, agent.tool_output_chars))
+            if errors:
+                more = f" (and {len(errors) - 1} more trace(s))" if len(errors) > 1 else ""
+                raise DatasetError(f"{errors[0]}{more}: a worked trace must replay as the task answers it")
     return train, test
 
 

@@ -1,0 +1,51 @@
+"""Worked traces replayed against their task before any stage trains on them: each row's ``meta["turns"]`` is played
+through the task's tools or environment in the sandbox episodes use, and a trace whose calls the task would refuse
+(not JSON, an unknown tool, undeclared arguments) or whose recorded replies differ from what the task answers is an
+error naming its row. SFT would otherwise teach the model replies no episode will ever show it."""
+
+from collections.abc import Iterator
+from types import ModuleType
+
+from tasks.data.environments import EnvironmentHost, HostedEnvironment
+from tasks.data.problems import Example, trace_turns
+
+
+def trace_errors(
+    module: ModuleType, examples: list[Example], places: list[str], timeout: float, output_chars: int
+) -> Iterator[str]:
+    """``place: what differs`` for each example whose worked trace the task ``module`` does not reproduce."""
+    with EnvironmentHost(module, timeout, output_chars) as host:
+        for key, (example, place) in enumerate(zip(examples, places, strict=True)):
+            if example.meta.get("turns") is None:
+                continue
+            environment = host.environment(key)
+            try:
+                environment.reset(example)
+                difference = _first_difference(environment, trace_turns(example))
+            finally:
+                host.release(key)
+            if difference is not None:
+                yield f"{place}: {difference}"
+
+
+def _first_difference(environment: HostedEnvironment, turns: list[tuple[str, str]]) -> str | None:
+    """Where the trace and the task part ways: a call the task refuses, a reply it would not give, or an episode it
+    would end before the trace does; None when it plays out as recorded."""
+    for index, (role, text) in enumerate(turns):
+        if role != "assistant":
+            continue
+        errors_before = environment.tool_errors
+        step = environment.step(text)
+        if environment.tool_errors > errors_before:
+            return f"meta 'turns'[{index}]: {(step.observation or '').removeprefix('error: ')}"
+        if index == len(turns) - 1:
+            return None  # the final answer: what it earns is the verifier's business
+        answer_role, recorded = turns[index + 1]
+        if answer_role == "assistant" or step.observation is None or step.done:
+            return f"meta 'turns'[{index}]: the task ends the episode at this turn, but the trace goes on"
+        if step.observation != recorded:
+            return (
+                f"meta 'turns'[{index + 1}]: the task answers {step.observation!r:.80} where the trace says "
+                f"{recorded!r:.80}"
+            )
+    return None
