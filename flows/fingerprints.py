@@ -1,7 +1,8 @@
 """The fingerprint files dvc.yaml lists in place of what params name by a name alone (a model source, a task module
 of your own), written from their content by the ``sources`` stage (``alignflow fingerprints``). DVC runs that stage
 first on every repro (``always_changed``); a fingerprint whose source did not change keeps its bytes, so nothing
-downstream re-runs, and plain ``dvc repro`` and ``dvc status`` see a changed source as ``alignflow repro`` does.
+downstream re-runs, and plain ``dvc repro`` re-runs what a changed source feeds as ``alignflow repro`` does (plain
+``dvc status`` lists ``sources`` as always changed: DVC learns what changed only by running it).
 
 DVC sees a task only through params (``task.name``, ``agent_data.task``): an edited generator, verifier or environment
 under the same name would leave every stage "up to date", or restore stale outputs from DVC's run cache. Its digest

@@ -2,6 +2,7 @@
 before anything heavy is imported; everything else, and a stage with no runner, to ``flows.cli``. Ctrl-C, SIGTERM
 and SIGHUP end a command with one line (a stage's checkpoint stays for its resume), not a traceback."""
 
+import contextlib
 import os
 import signal
 import sys
@@ -14,19 +15,41 @@ INTERRUPTED = 130  # the shell's status for a command ended by SIGINT
 _STOPPED_HERE = ("stage", "repro", "report", "generate", "fingerprints", "registry", "lineage")
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (DVC's stage command, the warm runner), read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parent = int(stat.read().rpartition(")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue  # gone meanwhile
+            children.setdefault(parent, []).append(int(entry))
+    found, pending = [], list(children.get(pid, []))
+    while pending:
+        child = pending.pop()
+        found.append(child)
+        pending += children.get(child, [])
+    return found
+
+
 def _stop_with_one_line(argv: list[str]) -> None:
-    """On SIGTERM or SIGHUP: say so in one line, pass the signal to the stages this command started when it leads
-    its process group (a signal to the group, as `timeout` sends, reaches them anyway), and die of it, as DVC and
-    shells expect of a command so ended."""
+    """On SIGTERM or SIGHUP: pass the signal to the processes this command started (a stage's client forwards it to
+    the warm runner's stage), say so in one line, and die of it, as DVC and shells expect of a command so ended."""
 
     def stop(number: int, frame: object) -> None:
         signal.signal(number, signal.SIG_IGN)
-        if os.getpgrp() == os.getpid():
-            os.killpg(os.getpgrp(), number)
-        print(f"alignflow: stopped by {signal.Signals(number).name} ({' '.join(argv[:2])})", file=sys.stderr)
-        sys.stderr.flush()
-        signal.signal(number, signal.SIG_DFL)
-        os.kill(os.getpid(), number)
+        try:
+            for pid in _descendants(os.getpid()):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, number)
+            line = f"alignflow: stopped by {signal.Signals(number).name} ({' '.join(argv[:2])})\n"
+            with contextlib.suppress(OSError):  # a hung-up terminal
+                os.write(2, line.encode())
+        finally:
+            signal.signal(number, signal.SIG_DFL)
+            os.kill(os.getpid(), number)
 
     for number in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(number, stop)

@@ -75,16 +75,17 @@ def _session(connection: socket.socket, request: dict, fds: list[int]) -> None:
     """Fork the stage, pass it the signals the command forwards, kill its process group if the command is gone,
     and send the command its exit status."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    # A signal to the runner's whole process group (`timeout alignflow repro`, Ctrl-C in a terminal) reaches this
+    # session too: it stays to report the stage's end. The command's client, in that group as well, forwards the
+    # signal over the connection once, and the stage (in a group of its own) gets it from there.
+    for number in FORWARDED_SIGNALS:
+        signal.signal(number, signal.SIG_IGN)
     connection.sendall(b"w")
     stage = os.fork()
     if stage == 0:
         connection.close()
         _run_stage(request, fds)
     os.setpgid(stage, stage)  # as the stage does: whichever runs first
-    # A signal to the runner's whole process group (`timeout alignflow repro`, Ctrl-C in a terminal) reaches this
-    # session too: it goes on to the stage, whose own group it is not in, and the session stays to report its end.
-    for number in FORWARDED_SIGNALS:
-        signal.signal(number, lambda number, frame: _signal_group(stage, number))
     print(f"{stage} alignflow {' '.join(request['argv'])}", flush=True)
     for fd in fds:
         os.close(fd)
@@ -116,6 +117,10 @@ def _signal_group(stage: int, number: int) -> None:
 def _run_stage(request: dict, fds: list[int]) -> None:
     """Become the command: its streams, directory, environment and argv; then what ``alignflow`` runs."""
     os.setpgid(0, 0)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # what a process of its own starts with
+    for number in FORWARDED_SIGNALS:
+        if number != signal.SIGINT:
+            signal.signal(number, signal.SIG_DFL)
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)

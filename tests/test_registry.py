@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from flows.cli import main
 from flows.gate import decide
+from flows.lineage import _own_files
 from flows.registry import Decision, assign_prod, prod_version, register, registry, render, rollback
 from tasks.common.config import GUARD_DIRECTIONS, ConfigError, RetrainConfig
 
@@ -202,3 +203,13 @@ def test_a_registry_command_outside_a_project_says_so_in_one_line(tmp_path, monk
         "in an alignflow project: a clone of it, or any git repository with `dvc init` run\n"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("section", ["data", "agent_data", "preferences"])
+def test_lineage_reads_the_files_of_whichever_stage_reads_data_of_your_own(section):
+    """A lineage through preferences (whose pairs may be files under data/) or agent_data names that stage's own
+    files, not a `data` section it does not record."""
+    files = {"num_prompts": 4, "train_file": "data/mine.jsonl", "test_file": None}
+    stage = {"params": {"params.yaml": {"seed": 0, "eval.batch_size": 8, section: files}}}
+    assert _own_files(stage) == files
+    assert _own_files({"params": {"params.yaml": {"seed": 0}}}) == {}

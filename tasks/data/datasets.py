@@ -127,30 +127,27 @@ def read_shards(source: str | Path, task: str | None = None, say_repeats: bool =
     source when it names no file. Rows that repeat an earlier one are kept (a repeated row is how a dataset
     upweights it) but said, with their count and the first repeat's ``file:line``, unless ``say_repeats`` is false (a
     check before a run: the data stage says it once)."""
+    return [example for _, example in read_located_shards(source, task, say_repeats)]
+
+
+def read_located_shards(
+    source: str | Path, task: str | None = None, say_repeats: bool = True
+) -> list[tuple[str, Example]]:
+    """``read_shards``' rows, each with its ``file:line``."""
     files = shard_files(source)
     if not files:
         raise DatasetError(f"{source}: no JSONL file (a file, a directory of *.jsonl shards, or a glob)")
     parse = _parse_row if task is None else _row_parser(task)
-    examples, first_seen, repeats = [], {}, []
+    rows, first_seen, repeats = [], {}, []
     for shard in files:
         for line, example in _numbered_rows(shard, parse):
             where = f"{shard}:{line}"
             if (seen := first_seen.setdefault(json.dumps(example.to_row(), sort_keys=True), where)) != where:
                 repeats.append(f"{where} repeats {seen}")
-            examples.append(example)
+            rows.append((where, example))
     if repeats and say_repeats:
         warn(f"{source}: {len(repeats)} row(s) repeat an earlier one and train as often as they appear ({repeats[0]})")
-    return examples
-
-
-def row_places(source: str | Path) -> list[str]:
-    """``file:line`` of every row ``read_shards(source)`` returns, in its order."""
-    return [
-        f"{shard}:{number}"
-        for shard in shard_files(source)
-        for number, raw in enumerate(shard.read_bytes().splitlines(), start=1)
-        if raw.strip()
-    ]
+    return rows
 
 
 def read_preferences(path: str | Path) -> list[PreferencePair]:

@@ -7,21 +7,24 @@ from collections.abc import Iterator
 from types import ModuleType
 
 from tasks.data.environments import EnvironmentHost, HostedEnvironment
-from tasks.data.problems import Example, trace_turns
+from tasks.data.problems import Example, TaskError, trace_turns
 
 
 def trace_errors(
-    module: ModuleType, examples: list[Example], places: list[str], timeout: float, output_chars: int
+    module: ModuleType, rows: list[tuple[str, Example]], timeout: float, output_chars: int
 ) -> Iterator[str]:
-    """``place: what differs`` for each example whose worked trace the task ``module`` does not reproduce."""
+    """``place: what differs`` for each (place, example) whose worked trace the task ``module`` does not
+    reproduce."""
     with EnvironmentHost(module, timeout, output_chars) as host:
-        for key, (example, place) in enumerate(zip(examples, places, strict=True)):
+        for key, (place, example) in enumerate(rows):
             if example.meta.get("turns") is None:
                 continue
             environment = host.environment(key)
             try:
                 environment.reset(example)
                 difference = _first_difference(environment, trace_turns(example))
+            except TaskError as error:  # the world's reset failed
+                difference = str(error)
             finally:
                 host.release(key)
             if difference is not None:

@@ -10,7 +10,7 @@ from tasks.common.config import Params
 from tasks.common.errors import warn
 from tasks.common.registry import StageRun
 from tasks.common.tracking import stage_live
-from tasks.data.datasets import DatasetError, generate_splits, read_shards, row_places, write_jsonl
+from tasks.data.datasets import DatasetError, generate_splits, read_located_shards, write_jsonl
 from tasks.data.environments import is_agent_task
 from tasks.data.problems import Example, task_module
 from tasks.data.trace_replay import trace_errors
@@ -23,25 +23,24 @@ def splits(params: Params, section: str) -> tuple[list[Example], list[Example]]:
     cfg = getattr(params, section)
     task = dataclasses.replace(params.task, name=getattr(cfg, "task", params.task.name))
     # Every row of every shard of your own is validated before anything is generated or written.
-    train = read_shards(cfg.train_file, task.name) if cfg.train_file else None
-    test = read_shards(cfg.test_file, task.name) if cfg.test_file else None
-    if train is None or test is None:
-        generated_train, generated_test = generate_splits(task, cfg.num_train, cfg.num_test, params.seed, section)
-        train = generated_train if train is None else train
-        test = generated_test if test is None else test
+    located = {
+        split: read_located_shards(source, task.name)
+        for split, source in (("train", cfg.train_file), ("test", cfg.test_file))
+        if source
+    }
+    if len(located) < 2:
+        generated = generate_splits(task, cfg.num_train, cfg.num_test, params.seed, section)
+        for split, rows in zip(("train", "test"), generated, strict=True):
+            located.setdefault(split, [(f"{section}'s generated {split} row {i + 1}", e) for i, e in enumerate(rows)])
+    train, test = ([example for _, example in located[split]] for split in ("train", "test"))
     overlap = {e.prompt for e in train} & {e.prompt for e in test}
     if overlap:
         raise ValueError(f"{section}: {len(overlap)} prompt(s) are in both splits, e.g. {sorted(overlap)[0]!r}")
     module = task_module(task.name)
     if is_agent_task(module):
-        for split, rows, source in (("train", train, cfg.train_file), ("test", test, cfg.test_file)):
-            places = (
-                row_places(source)
-                if source
-                else [f"{section}'s generated {split} row {i + 1}" for i in range(len(rows))]
-            )
-            agent = params.agent
-            errors = list(trace_errors(module, rows, places, agent.tool_timeout_seconds, agent.tool_output_chars))
+        agent = params.agent
+        for rows in located.values():
+            errors = list(trace_errors(module, rows, agent.tool_timeout_seconds, agent.tool_output_chars))
             if errors:
                 more = f" (and {len(errors) - 1} more trace(s))" if len(errors) > 1 else ""
                 raise DatasetError(f"{errors[0]}{more}: a worked trace must replay as the task answers it")
