@@ -439,6 +439,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # The Prefect server a flow run starts for itself would report usage over the network (an ERROR line offline).
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Its 20 s to start that server ran out on a machine busy training (the run then failed before any stage).
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     if argv[:1] == ["stage"] and len(argv) > 1 and not argv[1].startswith("-") and {"-h", "--help"} & set(argv):
         argv = [arg for arg in argv if arg not in ("-h", "--help")]
         params_file = argv[argv.index("--params") + 1] if "--params" in argv else "params.yaml"
