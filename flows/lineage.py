@@ -72,7 +72,7 @@ def lineage(project: Path, reference: str) -> dict[str, Any]:
                 "models_and_data": {p: md5 for p, md5 in deps.items() if p.startswith(f"{ARTIFACTS}/")},
                 "code": {p: md5 for p, md5 in deps.items() if not p.startswith((f"{ARTIFACTS}/", str(USER_DATA)))},
                 "outs": {out["path"]: out.get("md5") for out in stage.get("outs", [])},
-                **({"shards": _shards(fs, _own_files(stage))} if str(USER_DATA) in deps else {}),
+                **({"shards": _shards(fs, own_files(stage))} if str(USER_DATA) in deps else {}),
             }
         )
         pending += [producer[p] for p in deps if p in producer]
@@ -86,7 +86,7 @@ def shards_at(project: Path, commit: str) -> dict[str, str]:
     return _shards(fs, data_stage["params"]["params.yaml"]["data"])
 
 
-def _own_files(stage: dict[str, Any]) -> dict[str, Any]:
+def own_files(stage: dict[str, Any]) -> dict[str, Any]:
     """The section of a stage's recorded params that names files of your own under data/ (data's, agent_data's,
     preferences')."""
     sections = stage.get("params", {}).get("params.yaml", {}).values()

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from flows.cli import main
 from flows.gate import decide
-from flows.lineage import _own_files
+from flows.lineage import own_files
 from flows.registry import Decision, assign_prod, prod_version, register, registry, render, rollback
 from tasks.common.config import GUARD_DIRECTIONS, ConfigError, RetrainConfig
 
@@ -211,5 +211,5 @@ def test_lineage_reads_the_files_of_whichever_stage_reads_data_of_your_own(secti
     files, not a `data` section it does not record."""
     files = {"num_prompts": 4, "train_file": "data/mine.jsonl", "test_file": None}
     stage = {"params": {"params.yaml": {"seed": 0, "eval.batch_size": 8, section: files}}}
-    assert _own_files(stage) == files
-    assert _own_files({"params": {"params.yaml": {"seed": 0}}}) == {}
+    assert own_files(stage) == files
+    assert own_files({"params": {"params.yaml": {"seed": 0}}}) == {}
