@@ -23,8 +23,12 @@ def student_of(teacher: str | Path, num_layers: int) -> PreTrainedModel:
     """The teacher with only ``kept_layers`` of its decoder layers, each keeping its weights: the embeddings, the
     final norm and the head are the teacher's, so the student starts as a shallower copy, not from noise."""
     model = load_policy(teacher, torch.device("cpu"))
+    return with_layers(model, kept_layers(len(model.get_decoder().layers), num_layers))
+
+
+def with_layers(model: PreTrainedModel, keep: list[int]) -> PreTrainedModel:
+    """``model`` cut, in place, to the decoder layers ``keep``, its config saying so."""
     decoder = model.get_decoder()
-    keep = kept_layers(len(decoder.layers), num_layers)
     decoder.layers = nn.ModuleList(decoder.layers[i] for i in keep)
     for position, layer in enumerate(decoder.layers):
         # the KV cache indexes layers by this position
@@ -32,5 +36,5 @@ def student_of(teacher: str | Path, num_layers: int) -> PreTrainedModel:
     config = model.config
     if getattr(config, "layer_types", None) is not None:
         config.layer_types = [config.layer_types[i] for i in keep]
-    config.num_hidden_layers = num_layers
+    config.num_hidden_layers = len(keep)
     return model
