@@ -180,7 +180,7 @@ def _stage_help(name: str, params_file: str) -> None:
     from tasks.params.load import field_at, fields_with_keys, load_params
 
     kind, _ = parse_stage_name(name)
-    params = load_params(params_file) if Path(params_file).is_file() else None
+    params = load_params(params_file, runs=[name]) if Path(params_file).is_file() else None
     print(f"alignflow stage {usage_name(kind)}: {kind.description}\n")
     print("reads: " + (", ".join(f"{key} ({read})" for key, read in kind.reads.items()) or "nothing upstream"))
     print(f"writes: artifacts/{kind.name}/... ({kind.writes})\n\nparams (KEY=VALUE overrides):")
@@ -211,7 +211,7 @@ def _run_stage(args: argparse.Namespace) -> None:
 
     parse_stage_name(args.name)
     quiet_libraries()  # before anything imports huggingface_hub, which reads HF_HUB_OFFLINE once, at import
-    params = load_params(args.params, args.overrides)
+    params = load_params(args.params, args.overrides, runs=[args.name])
     if args.overrides:
         _check_user_data(params)  # a bad row of your own is refused before the overrides that name it stick
     _stick(args.params, args.overrides)
@@ -233,7 +233,7 @@ def _run_pipeline(args: argparse.Namespace) -> int | None:
     from flows.submit import run_served
     from tasks.params.load import load_params
 
-    params = load_params("params.yaml", args.overrides)  # the same messages as `alignflow stage`, before Prefect starts
+    params = load_params("params.yaml", args.overrides, runs=[args.pipeline])  # as `stage` says it, before Prefect
     _check_user_data(params)
     # An `alignflow serve` of this project runs it in its process, which has Prefect, DVC and torch imported already.
     status = run_served(Path.cwd(), args.pipeline, args.overrides)
@@ -276,15 +276,17 @@ def _repro_targets(target: str, params: Any) -> list[str]:
 def _repro(args: argparse.Namespace) -> int:
     from dvc.cli import main as dvc_main
 
+    from tasks.common.trackers import pipeline_run
     from tasks.params.load import load_params
 
     # DVC removes a stage's outputs before running it: a params.yaml the stage would refuse must never get that far.
-    params = load_params("params.yaml", args.overrides)
+    params = load_params("params.yaml", args.overrides, runs=[args.target])
     targets = _repro_targets(args.target, params)
     _check_user_data(params)
     _stick("params.yaml", args.overrides)
-    with warm_runner.started():  # the stages DVC runs skip the imports a stage process would pay
-        status = dvc_main(["repro", *targets])
+    with pipeline_run(args.target, params.tracking) as tracked, warm_runner.started():
+        status = dvc_main(["repro", *targets])  # the stages DVC runs skip the imports a stage process would pay
+        tracked.failed = status != 0
     if status == 0 and params.remote.push:
         from flows.remote import push
 
@@ -308,7 +310,7 @@ def _retrain(args: argparse.Namespace) -> None:
     from tasks.common.cluster import connect_ray
     from tasks.params.load import load_params
 
-    params = load_params("params.yaml", args.overrides)  # before Prefect or Ray start
+    params = load_params("params.yaml", args.overrides, runs=[args.pipeline])  # before Prefect or Ray start
     _check_user_data(params)
     from flows.overrides import form_values
     from flows.pipelines import FORMS
@@ -378,7 +380,7 @@ def _fingerprints(args: argparse.Namespace) -> int:
     from flows.fingerprints import refresh_fingerprints
     from tasks.params.load import load_params
 
-    refresh_fingerprints(load_params("params.yaml"), Path.cwd())
+    refresh_fingerprints(load_params("params.yaml", runs=()), Path.cwd())  # names only: their stages check the rest
     return 0
 
 

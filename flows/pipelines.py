@@ -45,6 +45,7 @@ from flows.runner import (
 from tasks.common.artifacts import CURVE_FILE, EPISODES_FILE, atomic_output, metrics_dir, stage_dir
 from tasks.common.cluster import connect_ray, release_ray
 from tasks.common.config import Params, RunnerConfig
+from tasks.common.trackers import pipeline_run
 from tasks.params.load import load_params
 from tasks.params.write import write_overrides
 from tasks.pipelines import PIPELINES
@@ -207,8 +208,12 @@ def run_pipeline(name: str, overrides: list[str], project: Path, push_after: boo
     """Run pipeline ``name`` in ``project`` with dotlist ``overrides``, then push what it produced to the remote
     (unless ``push_after`` is false or params say not to); return the pipeline report."""
     logger = get_run_logger()
-    params = load_params(project / "params.yaml", overrides)  # the CLI's validation, before anything runs
-    with run_lock(project), overrides_written(project / "params.yaml", overrides):
+    params = load_params(project / "params.yaml", overrides, runs=[name])  # the CLI's validation, before anything runs
+    with (
+        run_lock(project),
+        overrides_written(project / "params.yaml", overrides),
+        pipeline_run(name, params.tracking),  # the stages' MLflow parent run and TensorBoard folder
+    ):
         if overrides:
             logger.info(f"params.yaml updated with {', '.join(overrides)}")
         connect_ray(params.runner)

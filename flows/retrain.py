@@ -120,12 +120,12 @@ def quarantine(project: Path, shards: list[str], where: str) -> list[str]:
 def retrain(pipeline: str, overrides: list[str], project: Path) -> Decision:
     """One retrain of ``pipeline`` in ``project`` (see the module's docstring); the gate's decision."""
     logger = get_run_logger()
-    params = load_params(project / "params.yaml", overrides)
+    params = load_params(project / "params.yaml", overrides, runs=[pipeline])
     artifact, model = artifact_name(pipeline), check_artifact_path(project, pipeline, params)
     with run_lock(project):
         shards = track_shards(project, params)
         run_pipeline(pipeline, overrides, project, push_after=False)
-        params = load_params(project / "params.yaml")  # the overrides are in params.yaml now
+        params = load_params(project / "params.yaml", runs=[pipeline])  # the overrides are in params.yaml now
         champion = prod_version(project, artifact)
         kind = PIPELINES[pipeline].delivers
         candidate_metrics = score(project / model, params, kind, project)

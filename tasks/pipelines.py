@@ -1,10 +1,11 @@
 """The pipelines alignflow knows, by name: what each trains and which dvc.yaml stages it ends in."""
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tasks.common.config import Params
-from tasks.common.registry import param_value
+from tasks.common.registry import param_value, read_artifacts
 from tasks.kinds import model_kinds, stage_kinds
 
 
@@ -104,3 +105,32 @@ PIPELINES: dict[str, Pipeline] = {
         "the agent pipeline's policy, trained by GRPO on episodes in its task's environment",
     ),
 }
+
+
+def kinds_run(names: Iterable[str], params: Params) -> set[str]:
+    """The stage kinds a run of ``names`` runs: each name a pipeline, a dvc.yaml stage (``eval@sft``,
+    ``rejection@1``) or a foreach group (``rejection``, ``eval_sft_rs``), with everything upstream of it."""
+    kinds, evaluations = stage_kinds(), {kind.evaluation for kind in stage_kinds().values()}
+    todo = [stage for name in names for stage in (PIPELINES[name].stages(params) if name in PIPELINES else [name])]
+    seen, run = set(), set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        kind_name, _, target = name.partition("@")
+        if kind_name not in kinds:  # a round model's evaluation group, eval_sft_rs[@ROUND]; else no stage at all
+            evaluation = next((e for e in evaluations if kind_name.startswith(f"{e}_")), None)
+            model = kind_name.removeprefix(f"{evaluation}_")
+            if evaluation is not None and model in round_kinds():
+                todo += [f"{evaluation}@{model}/{r}" for r in ([target] if target else params.rounds)]
+            continue
+        kind = kinds[kind_name]
+        if kind.target == "round" and not target:
+            todo += [f"{kind_name}@{r}" for r in params.rounds]
+            continue
+        if kind.target == "round" and target not in params.rounds:
+            continue  # no such round: the stage lookup says so, naming the rounds
+        run.add(kind_name)
+        todo += [artifact.replace("/", "@") for artifact in read_artifacts(kind, params, target or None).values()]
+    return run

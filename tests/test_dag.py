@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 
+import networkx as nx
 import pytest
 from dvc.repo import Repo
 
@@ -21,7 +22,7 @@ from tasks.common.config import ConfigError
 from tasks.common.registry import parse_stage_name, read_artifacts
 from tasks.kinds import stage_kinds
 from tasks.params.load import load_params
-from tasks.pipelines import PIPELINES
+from tasks.pipelines import PIPELINES, kinds_run
 from tests.conftest import ENV, REPO, make_project
 
 _COMMAND = re.compile(r"alignflow stage (\S+)")
@@ -117,6 +118,20 @@ def test_every_pipeline_ends_in_stages_of_dvc_yaml(dvc_stages):
     for pipeline in PIPELINES.values():
         assert set(pipeline.stages(params)) <= names | groups
     assert "eval_grpo_final@1" in PIPELINES["distill"].stages(params)  # the teacher's evaluation follows the key
+
+
+def test_the_kinds_a_pipeline_runs_are_those_dvc_runs_for_it(all_dvc_stages):
+    """Validation checks the sections of what a command runs (kinds_run, from the declarations): DVC's own graph
+    of dvc.yaml must agree on what that is, for every pipeline."""
+    with Repo(str(REPO)) as repo:
+        graph = repo.index.graph  # an edge from each stage to a stage it depends on
+        by_name = {stage.addressing.rpartition(":")[2]: stage for stage in graph.nodes}
+        params = load_params(REPO / "params.yaml")
+        for name, pipeline in PIPELINES.items():
+            finals = [s for t in pipeline.stages(params) for n, s in by_name.items() if t in (n, n.partition("@")[0])]
+            upstream = set(finals).union(*(nx.descendants(graph, stage) for stage in finals))
+            kinds = {parse_stage_name(_stage_name(s))[0].name for s in upstream if s.cmd.startswith("alignflow stage")}
+            assert kinds_run([name], params) == kinds, name
 
 
 def test_every_pipeline_registers_the_model_it_trains(dvc_stages):

@@ -67,6 +67,8 @@ def test_the_sft_form_holds_what_its_stages_read_as_plain_described_fields_at_th
     leaves = dict(_leaf_fields(schema))
     read = {"seed", "device", "decoding", "task", "data", "base", "sft", "eval", "agent"}
     placement = {"runner", "roles", "parallel"}  # the deployment's business, not a run's
+    # reasoning-gym's datasets are a mapping of sections you name, edited in params.yaml as the rounds are
+    placement |= {"reasoning_gym"}
     expected = {key for key, _, _ in fields_with_keys(PARAMS) if key.split(".")[0] in read}
     assert set(leaves) == {key for key in expected if not placement & set(key.split("."))}
     for key, field in leaves.items():
@@ -101,8 +103,9 @@ def test_a_group_is_titled_with_its_key_and_its_sections_help(forms):
     ("pipeline", "holds", "lacks"),
     [
         ("sft", {"sft", "eval"}, {"ppo", "grpo", "sft_cold", "rejection", "dpo", "distill", "reward_model"}),
-        ("rlhf", {"sft_cold", "preferences", "reward_model", "best_of_n", "ppo"}, {"grpo", "rejection", "dpo"}),
-        ("r1", {"sft_cold", "grpo", "rejection", "sft_rs", "grpo_final"}, {"ppo", "dpo", "distill", "rounds"}),
+        # (reward_model reads dpo's and online_dpo's β, loss and reference: the implicit kind's)
+        ("rlhf", {"sft_cold", "preferences", "reward_model", "best_of_n", "ppo"}, {"grpo", "rejection", "distill"}),
+        ("r1", {"sft_cold", "grpo", "rejection", "sft_rs", "grpo_final"}, {"ppo", "distill", "rounds"}),
         ("r1_zero", {"grpo"}, {"sft_cold", "ppo", "rejection"}),
         ("offline_to_online", {"sft_cold", "preferences", "dpo", "online_dpo"}, {"ppo", "grpo"}),
         ("distill", {"grpo", "student_base", "teacher_data", "sft_distill", "distill"}, {"ppo", "dpo", "rejection"}),

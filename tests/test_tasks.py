@@ -4,6 +4,8 @@ before any stage runs, naming task.name."""
 
 import json
 import shutil
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -168,13 +170,16 @@ class _Says:
         return [Completion(i, [], [1], self.text, [0.0]) for i in range(len(prompts)) for _ in range(sampling.n)]
 
 
+NOT_A_PAIR = "not the pair (well_formatted, correct) of bools (or a credit in [0, 1] for correct)"
+
+
 @pytest.mark.parametrize(
     ("verdict", "what"),
     [
-        ("True, float('nan')", "returned (True, nan) (tuple), not the pair (well_formatted, correct) of bools"),
-        ("True, 2.0", "returned (True, 2.0) (tuple), not the pair (well_formatted, correct) of bools"),
-        ("'yes', True", "returned ('yes', True) (tuple), not the pair (well_formatted, correct) of bools"),
-        ("True", "returned True (bool), not the pair (well_formatted, correct) of bools"),
+        ("True, float('nan')", f"returned (True, nan) (tuple), {NOT_A_PAIR}"),
+        ("True, 2.0", f"returned (True, 2.0) (tuple), {NOT_A_PAIR}"),
+        ("'yes', True", f"returned ('yes', True) (tuple), {NOT_A_PAIR}"),
+        ("True", f"returned True (bool), {NOT_A_PAIR}"),
         ("True, 1 / example.meta['steps']", "raised KeyError: 'steps'"),
     ],
     ids=["nan", "two", "string", "bool", "raises"],
@@ -295,3 +300,19 @@ def test_eval_of_a_verifier_that_says_nan_stops_naming_it_and_writes_nothing(wor
     assert main(["stage", "eval@base"]) == 2
     assert "nan_task.score() returned (True, nan) (tuple), not the pair" in capsys.readouterr().err
     assert not (word_problems / "artifacts/eval").exists() and not (word_problems / "metrics/eval").exists()
+
+
+def test_a_package_of_your_own_named_like_alignflows_examples_is_yours(tmp_path):
+    """alignflow ships an ``examples`` package; an install puts it on the path before the project directory, as
+    PYTHONPATH does here. A task module of your own under your own ``examples/`` must still be the one imported."""
+    project = tmp_path / "project"
+    (project / "examples").mkdir(parents=True)
+    (project / "examples/__init__.py").write_text("")
+    (project / "examples/mine.py").write_text("def difficulty(example):\n    return 'all'\n")
+    probe = tmp_path / "bin/probe.py"  # a script elsewhere, as the console script is: not the project on sys.path
+    probe.parent.mkdir()
+    probe.write_text("from tasks.data.problems import task_module\nprint(task_module('examples.mine').__file__)\n")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
+    found = subprocess.run([sys.executable, probe], cwd=project, env=env, capture_output=True, text=True)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() == str(project / "examples/mine.py")

@@ -78,7 +78,7 @@ def test_device_cuda_without_a_visible_gpu_is_refused_naming_the_key(project, ca
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    assert main(["stage", "data", "device=cuda"]) == 2
+    assert main(["stage", "sft", "device=cuda"]) == 2
     assert "device: 'cuda', but no GPU is visible here" in capsys.readouterr().err
     assert not (project / "artifacts").exists()
     # on a Ray cluster the stages run on its workers, whose GPUs this machine does not see
@@ -170,7 +170,7 @@ def test_a_repeated_row_is_said_once_with_the_project_relative_path(tmp_path):
 )
 def test_a_system_prompt_with_no_template_to_put_it_in_is_refused(project, capsys, overrides, message):
     before = (project / "params.yaml").read_bytes()
-    assert main(["stage", "data", *overrides]) == 2
+    assert main(["stage", "sft", *overrides]) == 2  # a stage that puts prompts to the model checks their format
     assert message in capsys.readouterr().err
     assert (project / "params.yaml").read_bytes() == before and not (project / "artifacts").exists()
 
@@ -213,11 +213,20 @@ def test_a_prompt_over_the_bound_because_of_the_system_prompt_names_it():
         )
 
 
-def test_characters_the_tiny_tokenizer_lacks_are_counted_and_warned_at_the_data_stage(project, capsys):
+def test_characters_the_tiny_tokenizer_lacks_are_counted_and_warned_where_the_model_meets_the_data(project, capsys):
     rows = [_row(i) for i in range(4)]
     rows[1]["solution"] = rows[1]["solution"].replace("<think>", "<think>é")
     rows[2]["solution"] = rows[2]["solution"].replace("<think>", "<think>1×2 ")
     (project / "data/mine.jsonl").write_text("\n".join(json.dumps(row) for row in rows) + "\n")
-    assert main(["stage", "data", "task.name=arithmetic", "data.train_file=data/mine.jsonl", "data.num_test=5"]) == 0
+    overrides = [
+        "task.name=arithmetic",
+        "data.train_file=data/mine.jsonl",
+        "data.num_test=5",
+        "sft.max_steps=1",
+        "sft.batch_size=4",
+    ]
+    for stage in ("data", "base", "sft"):
+        assert main(["stage", stage, *overrides]) == 0
     err = capsys.readouterr().err
-    assert "data: 2 row(s) hold characters the built-in tiny model's tokenizer does not know ('é', '×')" in err
+    said = "2 row(s) hold characters the model's tokenizer does not know ('é', '×'): each reads as"
+    assert f"artifacts/data/train.jsonl: {said}" in err

@@ -1,6 +1,7 @@
 """Bad configuration fails before any work, naming the key or the file, writing nothing."""
 
 import json
+import re
 import struct
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import torch
 from flows.cli import main
 from tasks.common import errors
 from tasks.common.config import Params
+from tasks.kinds import stage_kinds
 from tasks.params.load import fields_with_keys, load_params
 from tests.conftest import produced
 
@@ -203,9 +205,21 @@ MALFORMED_CONFIGS = [
 ]
 
 
+def reader_of(overrides: list[str], message: str) -> str:
+    """A stage whose run checks the rule ``message`` states: validation checks what a command runs, so a rule about
+    ppo is checked by a stage that reads ppo's keys (a rule names its key first; else the first override's)."""
+    key = message.partition(":")[0] if re.fullmatch(r"[\w.\-]+", message.partition(":")[0]) else ""
+    key = key or overrides[0].partition("=")[0]
+    for kind in stage_kinds().values():
+        if any(key == k or key.startswith(f"{k}.") or k.startswith(f"{key}.") for k in kind.param_keys):
+            target = {"model": "agent_sft" if kind.name == "agent_eval" else "sft", "round": "1"}.get(kind.target)
+            return f"{kind.name}@{target}" if target else kind.name
+    return "data"  # a schema error or an operations key: every stage refuses it
+
+
 @pytest.mark.parametrize(("overrides", "message"), MALFORMED_CONFIGS, ids=lambda v: str(v)[:40])
 def test_malformed_config_is_rejected_naming_the_key(project, capsys, overrides, message):
-    assert main(["stage", "data", *overrides]) == 2
+    assert main(["stage", reader_of(overrides, message), *overrides]) == 2
     assert capsys.readouterr().err.count(message) == 1
     assert produced(project) == []
 
@@ -220,7 +234,7 @@ def test_malformed_config_is_rejected_naming_the_key(project, capsys, overrides,
 )
 def test_a_gguf_that_does_not_parse_is_refused_before_any_stage(project, capsys, header, message):
     (project / "model.gguf").write_bytes(header)
-    assert main(["stage", "data", "base.model_path=model.gguf"]) == 2
+    assert main(["stage", "base", "base.model_path=model.gguf"]) == 2
     assert f"base.model_path: 'model.gguf': {message}" in capsys.readouterr().err
     assert produced(project) == ["model.gguf"]
 
@@ -229,7 +243,7 @@ def test_bf16_on_a_gpu_without_it_is_refused_naming_the_key(project, capsys, mon
     """A GPU older than compute capability 8.0 (none here: torch is told so) has no bfloat16."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
-    assert main(["stage", "data", "device=cuda", "grpo.precision=bf16-mixed", "eval.precision=bf16"]) == 2
+    assert main(["stage", "eval@grpo", "device=cuda", "grpo.precision=bf16-mixed", "eval.precision=bf16"]) == 2
     err = capsys.readouterr().err
     assert "grpo.precision: bf16-mixed needs bfloat16, which this GPU lacks" in err
     assert "eval.precision: bf16 needs bfloat16, which this GPU lacks" in err
@@ -312,7 +326,6 @@ def test_help_explains_the_stages_and_commands(capsys):
 @pytest.mark.parametrize("name", ["sft", "grpo_final@1", "eval@sft"])
 def test_stage_help_shows_every_key_it_reads_with_its_help_and_bounds(project, capsys, name):
     from tasks.common.registry import parse_stage_name
-    from tasks.params.load import fields_with_keys, load_params
 
     assert main(["stage", name, "--help"]) == 0
     text = capsys.readouterr().out
@@ -375,3 +388,18 @@ def test_a_stage_in_a_git_repository_without_a_commit_is_refused_in_one_line_bef
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project, capture_output=True, text=True).stdout.strip()
     assert main(["stage", "data"]) == 0
     assert head not in capfd.readouterr().out  # the check says nothing of its own on stdout (--json commands)
+
+
+def test_validation_checks_what_a_command_runs_and_generate_check_the_whole_file(project, capsys):
+    # a longer agent prompt: the agent stages read sft.max_prompt_length, and the other pipelines' lengths no
+    # longer fit their models, which is their business when they run, not the agent pipeline's
+    longer = ["agent_sft.max_prompt_length=96", "sft.max_prompt_length=96"]
+    assert main(["stage", "agent_data", *longer]) == 0
+    assert load_params("params.yaml", runs=["agent"]).sft.max_prompt_length == 96
+    assert main(["stage", "sft"]) == 2
+    refused = capsys.readouterr().err
+    assert "sft.max_length: must exceed sft.max_prompt_length (96)" in refused and "ppo." not in refused
+    assert main(["generate", "--check"]) == 2
+    whole = capsys.readouterr().err
+    for section in ("sft", "ppo", "grpo", "distill", "reward_backbone", "student_base"):
+        assert f"\n  {section}." in whole, section

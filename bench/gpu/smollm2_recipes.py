@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="a few steps and problems: a check that it runs")
     parser.add_argument("--budget-s", type=float, default=480)
     parser.add_argument("--only", default="distill,dpo,grpo", help="which experiment families, in order")
-    parser.add_argument("--dpo", help="which DPO experiments (comma-separated names; default all)")
+    parser.add_argument("--dpo", help="which DPO experiments, in the order to run them (comma-separated names)")
     args = parser.parse_args()
     lab = Lab(args.gguf, args.out, args.tiny, args.budget_s)
     lab.started = time.monotonic()
@@ -59,14 +59,14 @@ def main() -> None:
         if not lab.time_left():
             break
         if family == "dpo":
-            run_dpo(lab, cold, cold_eval, None if args.dpo is None else set(args.dpo.split(",")))
+            run_dpo(lab, cold, cold_eval, None if args.dpo is None else args.dpo.split(","))
         elif family == "distill":
             run_distill(lab, worked)
         elif family == "grpo":
             run_grpo(lab, cold, cold_eval)
 
 
-def run_dpo(lab: Lab, cold: nn.Module, cold_eval: dict, wanted: set[str] | None) -> None:
+def run_dpo(lab: Lab, cold: nn.Module, cold_eval: dict, wanted: list[str] | None) -> None:
     n_small, n_large = (8, 16) if lab.tiny else (96, 400)
 
     @functools.cache
@@ -100,8 +100,13 @@ def run_dpo(lab: Lab, cold: nn.Module, cold_eval: dict, wanted: set[str] | None)
         ("dpo_400_correctness_pairs", (n_large, LABEL_NOISE, True), overlay),
         ("ipo_400", (n_large, LABEL_NOISE), {**overlay, "loss": "ipo"}),
     ]
+    if wanted is not None:
+        unknown = set(wanted) - {name for name, _, _ in grid}
+        if unknown:
+            raise SystemExit(f"--dpo: unknown experiments {sorted(unknown)}; choose from {[n for n, _, _ in grid]}")
+        grid = sorted((row for row in grid if row[0] in wanted), key=lambda row: wanted.index(row[0]))
     for name, which, knobs in grid:
-        if not lab.time_left() or (wanted is not None and name not in wanted):
+        if not lab.time_left():
             continue
         pairs = list(pairs_of(*which))
         if not pairs:

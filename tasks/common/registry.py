@@ -16,6 +16,7 @@ from typing import Any
 
 from tasks.common.artifacts import landing_together, stage_dir, stage_lock, upstream_model
 from tasks.common.config import ConfigError, Params
+from tasks.common.declared_params import declared_params
 from tasks.kinds import StageKind, model_kinds, stage_kinds
 
 
@@ -91,7 +92,8 @@ class StageInputs(Mapping[str, Path]):
 
 @dataclass(frozen=True)
 class StageRun:
-    """One stage to run: its name (``grpo_final@1``), kind, params and inputs (artifact directories by name)."""
+    """One stage to run: its name (``grpo_final@1``), kind, params (only what its kind declares:
+    tasks/common/declared_params.py) and inputs (artifact directories by name)."""
 
     name: str
     kind: StageKind
@@ -120,7 +122,8 @@ def stage_run(name: str, params: Params) -> StageRun:
                 f"{', '.join(models)}"
                 f"{rounds if round_models else ''})"
             )
-    return StageRun(name, kind, params, StageInputs(read_artifacts(kind, params, target)), target)
+    inputs = StageInputs(read_artifacts(kind, params, target))
+    return StageRun(name, kind, declared_params(params, kind, name), inputs, target)
 
 
 def with_precisions_resolved(params: Params) -> Params:
@@ -145,3 +148,8 @@ def run_stage(name: str, params: Params) -> None:
     module, _, function = run.kind.entry.partition(":")
     with stage_lock(name), landing_together():
         getattr(importlib.import_module(module), function)(run)
+    if params.tracking.to:  # its outputs have landed: the trackers get what DVCLive wrote
+        from tasks.common.trackers import export, param_values, stage_record
+
+        values = param_values(params, run.kind.param_keys)
+        export(stage_record(name, values, run.inputs.artifacts, Path.cwd()), params.tracking)

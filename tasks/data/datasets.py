@@ -11,6 +11,7 @@ response format and that the worked solution passes the task's verifier) and nam
 import json
 import math
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePath
@@ -155,6 +156,27 @@ def read_preferences(path: str | Path) -> list[PreferencePair]:
     return _read_rows(path, _parse_pair)
 
 
+def warn_unknown_characters(examples: list[Example], tokenizer: Any, source: str | Path) -> None:
+    """Warn when the rows hold characters ``tokenizer`` reads as its unknown token (the built-in tiny model's
+    character tokenizer knows only the built-in tasks' alphabet): all of them alike to the model."""
+    if tokenizer.unk_token_id is None:  # a byte-level BPE reads every character
+        return
+    texts = [example.prompt + (example.solution or "") for example in examples]
+
+    def unknown(char: str) -> bool:
+        return tokenizer.unk_token_id in tokenizer(char, add_special_tokens=False)["input_ids"]
+
+    lacking = {char for char in set().union(*map(set, texts)) if unknown(char)}
+    if lacking:
+        counts = Counter(char for text in texts for char in text if char in lacking)
+        hit = sum(1 for text in texts if lacking & set(text))
+        shown = ", ".join(repr(char) for char, _ in counts.most_common(5))
+        warn(
+            f"{source}: {hit} row(s) hold characters the model's tokenizer does not know ({shown}): each reads as "
+            f"{tokenizer.unk_token}, so the model cannot tell them apart"
+        )
+
+
 def check_prompt_lengths(
     examples: list[Example],
     tokenizer: Any,
@@ -169,6 +191,7 @@ def check_prompt_lengths(
     DatasetError naming ``source:line``. And a warning when worked solutions, with their stop token, need more than
     ``new_tokens``: the stage would cut off responses as long as the task's own answers, so its scores would fall
     for want of room, not of skill."""
+    warn_unknown_characters(examples, tokenizer, source)
     key, count = new_tokens
     limit, why = max_prompt_length, f"sft.max_prompt_length={max_prompt_length}"
     if positions - count < limit:

@@ -23,14 +23,13 @@ import inspect
 import json
 import math
 import numbers
-import os
 import re
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol
 
+from tasks.common.project_path import project_first_on_path
 from tasks.common.sandbox import Handler, Sandbox, SandboxDied
 from tasks.data.problems import Example, TaskError
 
@@ -222,9 +221,8 @@ def _checked_step(step: Any) -> Step:
 def _environment_handler(module_name: str, output_chars: int) -> Handler:
     """The sandbox's handler: ("tool", name, arguments), ("reset", key, example), ("step", key, action) and
     ("close", key), each answered ("ok", value) or ("error", message)."""
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())  # a task module of your own, next to params.yaml
-    module = importlib.import_module(module_name)
+    with project_first_on_path():
+        module = importlib.import_module(module_name)
     tools = {tool.name: tool.function for tool in getattr(module, "TOOLS", [])}
     with_example = {tool.name for tool in getattr(module, "TOOLS", []) if takes_example(tool)}
     worlds: dict[int, Any] = {}

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import types
 import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,11 @@ from tasks.common.config import (
     Params,
 )
 from tasks.common.config.fields import schema_fields
+from tasks.common.declared_params import OPERATIONS
 from tasks.common.errors import warn
+from tasks.kinds import stage_kinds
 from tasks.params.rules import RL_SECTIONS, cross_field_errors, cross_field_warnings, reward_import_errors
+from tasks.pipelines import kinds_run
 
 
 def _unwrap(annotation: Any) -> Any:
@@ -156,19 +160,37 @@ REPLACED_BY_THE_FILE = (
     "ppo.verifier_rewards",
     "rounds",
     "retrain.guards",
+    "task.reasoning_gym.datasets",
 )
 
 
-def validate(params: Params) -> Params:
-    """The cross-field rules (the schema has checked every field alone), then the reward functions' imports."""
-    errors = list(cross_field_errors(params))
+def validate(params: Params, runs: Sequence[str] | None = None) -> Params:
+    """The cross-field rules (the schema has checked every field alone), then the reward functions' imports. With
+    ``runs`` (pipelines, dvc.yaml stages or groups), only what concerns the stages a run of them runs: a rule whose
+    key no such stage reads is another pipeline's business; without, the whole of params."""
+    in_scope = (lambda _: True) if runs is None else _concerns(kinds_run(runs, params))
+    errors = [error for error in cross_field_errors(params) if in_scope(error)]
     if not errors:  # importing user code is the slow check: only once the rest holds
-        errors += reward_import_errors(params)
+        errors += [error for error in reward_import_errors(params) if in_scope(error)]
     if errors:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
-    for warning in cross_field_warnings(params):
+    for warning in filter(in_scope, cross_field_warnings(params)):
         warn(warning)
     return params
+
+
+def _concerns(kinds: set[str]) -> Callable[[str], bool]:
+    """Whether a rule's message concerns a stage of ``kinds``: its key (the text before the first colon) is or holds
+    or lies under a key one of them reads, or names how runs are operated. A message without a key concerns all."""
+    read = {key for kind in kinds for key in stage_kinds()[kind].param_keys} | set(OPERATIONS)
+
+    def concerns(message: str) -> bool:
+        key = message.partition(":")[0]
+        if not re.fullmatch(r"[\w.\-]+", key):
+            return True
+        return any(key == r or key.startswith(f"{r}.") or r.startswith(f"{key}.") for r in read)
+
+    return concerns
 
 
 def _describe(error: OmegaConfBaseException) -> str:
@@ -213,8 +235,11 @@ def _merge(base: DictConfig, layer: DictConfig, where: Any) -> DictConfig:
         raise ConfigError(f"{where}: {_describe(error)}") from None
 
 
-def load_params(path: str | Path = "params.yaml", overrides: list[str] | tuple[str, ...] = ()) -> Params:
-    """Read ``path``, apply dotlist ``overrides`` (``sft.lr=1e-4``), validate, and return typed params."""
+def load_params(
+    path: str | Path = "params.yaml", overrides: Sequence[str] = (), runs: Sequence[str] | None = None
+) -> Params:
+    """Read ``path``, apply dotlist ``overrides`` (``sft.lr=1e-4``), validate (only what concerns a run of ``runs``
+    when given: pipelines or dvc.yaml stages; ``validate``), and return typed params."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such params file")
@@ -257,4 +282,4 @@ def load_params(path: str | Path = "params.yaml", overrides: list[str] | tuple[s
         params = _PARAMS.validate_python(values)
     except ValidationError as error:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(schema_errors(error, overrides))) from None
-    return validate(params)
+    return validate(params, runs)

@@ -442,7 +442,7 @@ def _user_data_errors(params: Params) -> Iterator[str]:
 # module that raises, hangs or imports half the world on import cannot take the command line down with it.
 _IMPORT_REWARD = """
 import importlib, os, sys
-sys.path.append(os.getcwd())
+sys.path.insert(0, os.getcwd())  # the project first, as tasks/common/project_path.py imports it
 module, _, function = sys.argv[1].partition(":")
 if not callable(getattr(importlib.import_module(module), function)):
     raise TypeError(f"{sys.argv[1]} is not callable")

@@ -40,3 +40,59 @@ def task_errors(params: Params) -> Iterator[str]:
                     yield (
                         f"{data}.{file_key}: the task {name!r} generates no problems (no generate()): name your rows"
                     )
+    if params.task.name == "reasoning_gym":
+        yield from reasoning_gym_errors(params)
+
+
+def reasoning_gym_errors(params: Params) -> Iterator[str]:
+    """Each of ``task.reasoning_gym.datasets`` is one of reasoning-gym's, its config one it takes; and the built-in
+    tiny model's character tokenizer knows every character of its problems (each unknown one would read alike)."""
+    import dataclasses
+
+    from reasoning_gym.factory import DATASETS
+
+    from models import build_char_tokenizer
+    from tasks.data.problems.reasoning_gym_family import config_json, dataset
+
+    datasets = params.task.reasoning_gym.datasets
+    if not datasets:
+        yield "task.reasoning_gym.datasets: empty; name at least one of reasoning-gym's datasets"
+    known = {token for token in build_char_tokenizer().get_vocab() if len(token) == 1}
+    for name, spec in sorted(datasets.items()):
+        key = f"task.reasoning_gym.datasets.{name}"
+        if name not in DATASETS or name == "composite":
+            choices = ", ".join(sorted(set(DATASETS) - {"composite"}))
+            several = " (several datasets with weights are the composite)" if name == "composite" else ""
+            yield f"{key}: not a reasoning-gym dataset{several} (choices: {choices})"
+            continue
+        knobs = sorted(field.name for field in dataclasses.fields(DATASETS[name][1]) if field.name not in _OURS)
+        for knob in sorted(set(spec.config) - set(knobs)):
+            where = _OURS.get(knob, f"not a knob of {name} (choices: {', '.join(knobs)})")
+            yield f"{key}.config.{knob}: {where}"
+        if set(spec.config) - set(knobs):
+            continue
+        try:
+            source = dataset(name, config_json(spec.config))
+        except Exception as error:  # the dataset's own check of its config, in its own words
+            yield f"{key}.config: reasoning-gym refuses it ({type(error).__name__}: {error})"
+            continue
+        if params.base.model_path is None:
+            lacking = {c for i in range(_CHARACTER_SAMPLE) for item in [source[i]] for c in _text(item)} - known
+            if lacking:
+                shown = ", ".join(repr(c) for c in sorted(lacking)[:8])
+                yield (
+                    f"{key}: its problems hold characters the built-in tiny model's tokenizer lacks ({shown}); run it "
+                    "on a model of your own (base.model_path: SmolLM2 in examples/smollm2.args)"
+                )
+
+
+# A dataset's config keys that alignflow sets: the sizes and the seed are the data stage's.
+_OURS = {
+    "size": "the sizes are data.num_train and data.num_test",
+    "seed": "the seed is params' seed (the data stage draws the items)",
+}
+_CHARACTER_SAMPLE = 64  # items whose characters are checked against the tiny model's tokenizer
+
+
+def _text(item: dict) -> str:
+    return item["question"] + str(item["answer"])

@@ -203,13 +203,19 @@ class RewardModel:
 def implicit_reference(params: "Params", backbone: str) -> tuple[str, float] | None:
     """(the reference model, β) of ``backbone`` when a preference loss trained it against a reference (dpo, or
     online_dpo's preference update): what the implicit kind's β·log π/π_ref reads; else None."""
+    from tasks.common.config import Params
+    from tasks.common.config.fields import schema_fields
     from tasks.common.config.sections import PreferenceLossConfig
     from tasks.kinds import stage_kinds
     from tasks.rl.preference_losses import PREFERENCE_LOSSES
 
     kind = stage_kinds().get(backbone.partition("/")[0])
-    cfg = getattr(params, kind.section) if kind is not None else None
-    if not isinstance(cfg, PreferenceLossConfig) or getattr(cfg, "update", "preference") != "preference":
+    # the section's type first: a backbone trained otherwise (sft) is not read at all
+    section_type = schema_fields(Params)[kind.section].annotation if kind is not None else None
+    if not (isinstance(section_type, type) and issubclass(section_type, PreferenceLossConfig)):
+        return None
+    cfg = getattr(params, kind.section)
+    if getattr(cfg, "update", "preference") != "preference":
         return None
     loss = PREFERENCE_LOSSES.get(cfg.preference_loss)
     return (cfg.init, cfg.beta) if loss is not None and loss.needs_reference else None

@@ -15,7 +15,8 @@ all its model turns and ``batch.env_rewards[i]`` the sum of its environment's re
 function in an RL stage's ``rewards`` by its import path, ``my_module:my_reward`` (a module in
 the project directory or an installed package), next to the built-ins:
 
-- ``accuracy``: 1 if the task's verifier accepts the answer, else 0;
+- ``accuracy``: 1 if the task's verifier accepts the answer, else 0 (or the verifier's credit in [0, 1]: a
+  reasoning-gym dataset's score);
 - ``format``: 1 if the response is ``<think>…</think><answer>…</answer>``, else 0;
 - ``length``: 1 − tokens / max_new_tokens, a push towards shorter reasoning;
 - ``overlong``: DAPO's soft overlong punishment, 0 down to −1 over the last ``overlong_buffer`` tokens;
@@ -34,17 +35,16 @@ first error. A bad reward function never stops training; a reward that is not fi
 import importlib
 import math
 import numbers
-import os
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from tasks.common.config.rl import REWARD_MODEL
+from tasks.common.project_path import project_first_on_path
 from tasks.common.registry_type import Registry
 from tasks.common.sandbox import Sandbox, SandboxDied
-from tasks.data.problems import Example, score_response
+from tasks.data.problems import Example, score_credit, score_response
 from tasks.rl.core_algos import overlong_penalty
 
 
@@ -81,7 +81,7 @@ BUILT_IN: Registry[RewardFunction] = Registry("built-in reward")
 
 @BUILT_IN.register("accuracy")
 def accuracy(batch: RewardInputs) -> list[float]:
-    return [float(score_response(e, r)[1]) for e, r in zip(batch.examples, batch.responses, strict=True)]
+    return [score_credit(e, r)[1] for e, r in zip(batch.examples, batch.responses, strict=True)]
 
 
 @BUILT_IN.register("format")
@@ -113,10 +113,9 @@ def resolve(name: str) -> RewardFunction:
     module_name, _, function_name = name.partition(":")
     if not function_name:
         raise ValueError(f"{name!r} is neither a built-in reward ({', '.join(BUILT_IN)}) nor module:function")
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())  # a module in the project directory, next to params.yaml
     try:
-        function = getattr(importlib.import_module(module_name), function_name)
+        with project_first_on_path():
+            function = getattr(importlib.import_module(module_name), function_name)
     except (ImportError, AttributeError) as error:
         raise ValueError(f"reward {name!r} cannot be imported: {error}") from None
     if not callable(function):

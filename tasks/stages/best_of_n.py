@@ -37,7 +37,7 @@ def run(stage: StageRun) -> None:
     engine = policy_engine(params, policy, {test_file: examples}, "eval", evaluation.batch_size)
     sampling = Sampling(evaluation.max_new_tokens, n=cfg.max_n, temperature=evaluation.temperature)
     sampled = engine.generate([e.prompt for e in examples], sampling)  # max_n rows per prompt, prompt by prompt
-    # the ensemble combined as PPO combines it
+    # the ensemble combined and scored as PPO does (kinds.yaml declares the keys)
     reward_model = RewardWorker(params, params.ppo, member_dirs(stage.inputs["reward_model"]), policy)
     proxy = reward_model.score([examples[c.prompt_index].prompt for c in sampled], sampled).view(-1, cfg.max_n)
     gold = torch.tensor([gold_utility(examples[c.prompt_index], c.text) for c in sampled]).view(-1, cfg.max_n)

@@ -1,27 +1,28 @@
 """Stages `data` and `agent_data`: the train and held-out splits of a task (``task.name``, or the section's own
 ``task``: the agent pipeline's), generated from the seed or read from shards of your own under data/."""
 
-import dataclasses
 import json
-from collections import Counter
+from types import SimpleNamespace
 
 from tasks.common.artifacts import atomic_output, stage_dir
 from tasks.common.config import Params
-from tasks.common.errors import warn
-from tasks.common.registry import StageRun
+from tasks.common.registry import StageRun, param_value
 from tasks.common.tracking import stage_live
 from tasks.data.datasets import DatasetError, generate_splits, read_located_shards, write_jsonl
 from tasks.data.environments import is_agent_task
-from tasks.data.problems import Example, task_module
+from tasks.data.problems import BUILT_IN, Example, task_module
 from tasks.data.trace_replay import trace_errors
+from tasks.kinds import stage_kinds
 
 
 def splits(params: Params, section: str) -> tuple[list[Example], list[Example]]:
     """The train and held-out splits the section ``section`` (data, agent_data) asks for: read from its shards,
     generated from the seed, or both; DatasetError naming file:line on a bad row, ValueError when a prompt is in
     both splits (a shard of your own that repeats a held-out problem)."""
-    cfg = getattr(params, section)
-    task = dataclasses.replace(params.task, name=getattr(cfg, "task", params.task.name))
+    cfg, task_name = getattr(params, section), task_of(params, section)
+    # a built-in family's settings (task.arithmetic) are read only when the task is that family
+    families = {name: getattr(params.task, name) for name in BUILT_IN if name == task_name}
+    task = SimpleNamespace(name=task_name, **families)
     # Every row of every shard of your own is validated before anything is generated or written.
     located = {
         split: read_located_shards(source, task.name)
@@ -47,9 +48,14 @@ def splits(params: Params, section: str) -> tuple[list[Example], list[Example]]:
     return train, test
 
 
+def task_of(params: Params, section: str) -> str:
+    """The task the section ``section`` (data, agent_data) draws its problems from: the key its kind names."""
+    return param_value(params, stage_kinds()[section].task_key)
+
+
 def run(stage: StageRun) -> None:
     params, cfg = stage.params, stage.config
-    task_name = getattr(cfg, "task", params.task.name)
+    task_name = task_of(params, stage.kind.section)
     train, test = splits(params, stage.kind.section)
 
     with atomic_output(stage_dir(stage.name)) as out, stage_live(stage.name) as live:
@@ -58,8 +64,6 @@ def run(stage: StageRun) -> None:
         write_jsonl(out / "test.jsonl", test)
         live.log_metric("num_train", len(train), plot=False)
         live.log_metric("num_test", len(test), plot=False)
-    if params.base.model_path is None:
-        _say_unknown_characters(train + test)
     read = (("train", train, cfg.train_file), ("test", test, cfg.test_file))
     print(f"{stage.name}: task {task_name}; " + "; ".join(_said(*split) for split in read))
 
@@ -69,19 +73,3 @@ def _said(split: str, rows: list[Example], source: str | None) -> str:
     repeated = len(rows) - len({json.dumps(row.to_row(), sort_keys=True) for row in rows})
     where = f"read from {source}" if source is not None else "generated from the seed"
     return f"{split} {len(rows)} rows ({where}" + (f", {repeated} repeated" if repeated else "") + ")"
-
-
-def _say_unknown_characters(rows: list[Example]) -> None:
-    """Characters the built-in tiny model's tokenizer lacks each read as its unknown token: all alike to the model."""
-    from models import build_char_tokenizer
-
-    tokenizer = build_char_tokenizer()
-    known = {token for token in tokenizer.get_vocab() if len(token) == 1}
-    unknown = Counter(char for row in rows for char in row.prompt + (row.solution or "") if char not in known)
-    if unknown:
-        hit = sum(1 for row in rows if set(row.prompt + (row.solution or "")) - known)
-        shown = ", ".join(repr(char) for char, _ in unknown.most_common(5))
-        warn(
-            f"data: {hit} row(s) hold characters the built-in tiny model's tokenizer does not know ({shown}): each "
-            f"reads as {tokenizer.unk_token}, so the model cannot tell them apart"
-        )

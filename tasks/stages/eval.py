@@ -112,7 +112,7 @@ def evaluate_model(
     cfg = getattr(params, section)
     test_file = data / "test.jsonl"
     examples = read_examples(test_file)
-    engine = policy_engine(params, model, {test_file: examples}, section)
+    engine = policy_engine(params, model, {test_file: examples}, section, cfg.batch_size)
     if not is_agent_task(task_module(task_of(examples))):
         return evaluate(engine, examples, cfg)
     max_total_tokens = params.agent.max_total_tokens or context_length(model)

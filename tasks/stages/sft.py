@@ -22,7 +22,7 @@ from tasks.common.config import Params, SFTTrainingConfig, to_dict
 from tasks.common.distributed import Rank, data_parallel, run_data_parallel
 from tasks.common.registry import StageRun
 from tasks.common.training import Checkpointer, epoch_batch, fit, make_deterministic, rank_live, save_trained
-from tasks.data.datasets import DatasetError, read_examples
+from tasks.data.datasets import DatasetError, read_examples, warn_unknown_characters
 from tasks.data.observations import ObservationFormat
 from tasks.data.problems import Example, trace_turns
 from tasks.data.prompts import PromptFormat, finished_response_ids
@@ -117,6 +117,8 @@ def _train_rank(
     device = resolve_device(params.device)
     tokenizer = load_tokenizer(init_dir)
     examples, prompt_format = read_examples(train_file)[: cfg.num_examples], PromptFormat.of(params.task)
+    if rank.is_main:
+        warn_unknown_characters(examples, tokenizer, train_file)
     batches = SFTBatches(examples, tokenizer, prompt_format, cfg, train_file, params.seed, stage.partition("@")[0])
     model = trainable_policy(init_dir, device, cfg)
     model.train()

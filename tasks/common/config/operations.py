@@ -84,6 +84,28 @@ class RemoteConfig:
     push: bool = param(True, "Push after every finished run; false keeps everything in the local cache.")
 
 
+TRACKERS = ("mlflow", "tensorboard")
+
+
+@schema_section
+class TrackingConfig:
+    """Where every stage's params, per-step and final metrics and lineage go besides DVCLive (always on)."""
+
+    to: list[Annotated[str, OneOf(TRACKERS)]] = mapping(
+        list, f"Trackers beside DVCLive, any of {', '.join(TRACKERS)}; none by default. Local stores, no network."
+    )
+    mlflow_uri: str = param(
+        "sqlite:///mlflow.db",
+        "MLflow's tracking store: a database in the project by default (`mlflow ui --backend-store-uri "
+        "sqlite:///mlflow.db`), or a tracking server's URL.",
+    )
+    experiment: str = param("alignflow", "The MLflow experiment the runs go under.", min_length=1)
+    tensorboard_dir: str = param(
+        "tensorboard",
+        "TensorBoard's event files: a folder per pipeline run, a subfolder per stage (`tensorboard --logdir DIR`).",
+    )
+
+
 @schema_section
 class OperationsSections:
     """The sections of params.yaml for how pipelines run, retrain and store: ``Params`` holds them."""
@@ -91,3 +113,4 @@ class OperationsSections:
     runner: RunnerConfig = section(RunnerConfig, "Prefect and Ray: retries, resources, schedules.")
     retrain: RetrainConfig = section(RetrainConfig, "Scheduled retraining: the gate between candidate and champion.")
     remote: RemoteConfig = section(RemoteConfig, "Where artifacts live beyond this disk: a DVC remote.")
+    tracking: TrackingConfig = section(TrackingConfig, "Trackers beside DVCLive: MLflow, TensorBoard.")

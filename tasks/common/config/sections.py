@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from models import ALL_LINEAR
-from tasks.common.config.fields import MadeOf, OneOf, Weight, param, schema_section, section
+from tasks.common.config.fields import MadeOf, OneOf, Weight, mapping, param, schema_section, section
 
 DEVICES = ("auto", "cpu", "cuda")
 CHAT_TEMPLATE_MODES = ("auto", "always", "never")  # not on/off: YAML reads those as booleans
@@ -33,15 +33,37 @@ class CountdownConfig:
 
 
 @schema_section
+class ReasoningGymDataset:
+    weight: float = param(1.0, "Its share of the drawn problems (the datasets' weights are normalised).", gt=0)
+    config: dict[str, Any] = mapping(
+        dict,
+        "The dataset's own config (its difficulty knobs: min_animals, max_animals, ...), as reasoning_gym's "
+        "create_dataset takes it; the sizes and the seed are data's (num_train, num_test) and seed.",
+    )
+
+
+@schema_section
+class ReasoningGymConfig:
+    datasets: dict[str, ReasoningGymDataset] = mapping(
+        lambda: {"leg_counting": ReasoningGymDataset()},
+        "reasoning-gym datasets by name, each with its weight and config: one is a task, several a weighted "
+        "composite (docs/tasks.md). The file's mapping replaces this default rather than adding to it.",
+    )
+
+
+@schema_section
 class TaskConfig:
     name: str = param(
         "countdown",
-        "The task: a built-in problem family (arithmetic, countdown) or a module of your own by its import path from "
-        "the project directory (examples.word_problems; docs/tasks.md).",
+        "The task: a built-in problem family (arithmetic, countdown, reasoning_gym) or a module of your own by its "
+        "import path from the project directory (examples.word_problems; docs/tasks.md).",
         pattern=TASK_MODULE_PATTERN,
     )
     arithmetic: ArithmeticConfig = section(ArithmeticConfig, "Settings of the arithmetic family.")
     countdown: CountdownConfig = section(CountdownConfig, "Settings of the countdown family.")
+    reasoning_gym: ReasoningGymConfig = section(
+        ReasoningGymConfig, "Settings of the reasoning_gym family: reasoning-gym's generated datasets as a task."
+    )
     chat_template: Annotated[str, OneOf(CHAT_TEMPLATE_MODES)] = param(
         "auto",
         "Ask through the tokenizer's chat template (an instruct model answers best as it was trained to be asked): "

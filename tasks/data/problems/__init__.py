@@ -27,17 +27,20 @@ or ``generate`` built it (one re-exported from another task), so the declared ta
 import functools
 import importlib
 import numbers
-import os
-import sys
 from types import ModuleType
 
 import numpy
 
-from tasks.data.problems import arithmetic, countdown
+from tasks.common.project_path import project_first_on_path
+from tasks.data.problems import arithmetic, countdown, reasoning_gym_family
 from tasks.data.problems.example import Example, parse_response, trace_turns
 
 # Imported here, not by name: dvc.yaml's code deps are read from the imports, and a verifier is every stage's code.
-BUILT_IN: dict[str, ModuleType] = {"arithmetic": arithmetic, "countdown": countdown}
+BUILT_IN: dict[str, ModuleType] = {
+    "arithmetic": arithmetic,
+    "countdown": countdown,
+    "reasoning_gym": reasoning_gym_family,
+}
 REQUIRED = ("difficulty",)
 
 __all__ = [
@@ -47,6 +50,7 @@ __all__ = [
     "difficulty_label",
     "has_verifier",
     "parse_response",
+    "score_credit",
     "score_response",
     "task_module",
     "trace_turns",
@@ -66,10 +70,9 @@ def task_module(name: str) -> ModuleType:
     naming ``task.name`` when it does not import or lacks a required function."""
     if name in BUILT_IN:
         return BUILT_IN[name]
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())  # a module of your own, next to params.yaml
     try:
-        module = importlib.import_module(name)
+        with project_first_on_path():
+            module = importlib.import_module(name)
     except Exception as error:  # whatever its import raises is the user's module's problem, said in one line
         raise TaskError(
             f"task.name: the task module {name!r} does not import ({type(error).__name__}: {error})"
@@ -98,17 +101,27 @@ def has_verifier(example: Example) -> bool:
 
 def score_response(example: Example, response: str) -> tuple[bool, bool]:
     """(well_formatted, correct) of a model's response to ``example``, by its task's verifier: the one call every
-    stage grades through. TaskError naming the task, ``score()`` and the example when the verifier raises or returns
-    anything but two truth values (bools, or numbers that are 0 or 1): a NaN or a 2.0 would otherwise become a
-    metric or a reward."""
+    stage grades through (``score_credit``); correct is full credit."""
+    well_formatted, credit = score_credit(example, response)
+    return well_formatted, credit == 1.0
+
+
+def score_credit(example: Example, response: str) -> tuple[bool, float]:
+    """(well_formatted, credit) of a model's response to ``example``: its task's ``score``, whose second value is a
+    truth value or a credit in [0, 1] (reasoning-gym's scores; the accuracy reward). TaskError naming the task,
+    ``score()`` and the example when the verifier raises or returns anything else: a NaN or a 2.0 would otherwise
+    become a metric or a reward."""
     score = task_module(example.task).score
     try:
         verdict = score(example, response)
     except Exception as error:  # the verifier's own bug, or model text it cannot read: the task's to fix, said so
         raise TaskError(_blame(example, response, f"raised {type(error).__name__}: {error}")) from error
-    pair = tuple(map(_truth, verdict)) if isinstance(verdict, tuple | list) and len(verdict) == 2 else None
+    pair = (
+        (_truth(verdict[0]), _credit(verdict[1])) if isinstance(verdict, tuple | list) and len(verdict) == 2 else None
+    )
     if pair is None or None in pair:
-        what = f"returned {_quoted(verdict)}, not the pair (well_formatted, correct) of bools"
+        pair_of = "not the pair (well_formatted, correct) of bools (or a credit in [0, 1] for correct)"
+        what = f"returned {_quoted(verdict)}, {pair_of}"
         raise TaskError(_blame(example, response, what))
     return pair
 
@@ -129,6 +142,15 @@ def _truth(value: object) -> bool | None:
     """A verdict's truth value: a bool (numpy's too: ``numpy.isclose`` returns one) or a number that is 0 or 1."""
     if isinstance(value, bool | numpy.bool_) or (isinstance(value, numbers.Real) and value in (0, 1)):
         return bool(value)
+    return None
+
+
+def _credit(value: object) -> float | None:
+    """A verdict's credit: a truth value as 0 or 1, or a finite number in [0, 1]."""
+    if isinstance(value, bool | numpy.bool_):
+        return float(value)
+    if isinstance(value, numbers.Real) and 0.0 <= float(value) <= 1.0:  # NaN fails both comparisons
+        return float(value)
     return None
 
 
