@@ -180,7 +180,7 @@ def _stage_help(name: str, params_file: str) -> None:
     from tasks.params.load import field_at, fields_with_keys, load_params
 
     kind, _ = parse_stage_name(name)
-    params = load_params(params_file, runs=[name]) if Path(params_file).is_file() else None
+    params = load_params(params_file, runs=[name], as_stages=True) if Path(params_file).is_file() else None
     print(f"alignflow stage {usage_name(kind)}: {kind.description}\n")
     print("reads: " + (", ".join(f"{key} ({read})" for key, read in kind.reads.items()) or "nothing upstream"))
     print(f"writes: artifacts/{kind.name}/... ({kind.writes})\n\nparams (KEY=VALUE overrides):")
@@ -211,7 +211,7 @@ def _run_stage(args: argparse.Namespace) -> None:
 
     parse_stage_name(args.name)
     quiet_libraries()  # before anything imports huggingface_hub, which reads HF_HUB_OFFLINE once, at import
-    params = load_params(args.params, args.overrides, runs=[args.name])
+    params = load_params(args.params, args.overrides, runs=[args.name], as_stages=True)
     if args.overrides:
         _check_user_data(params)  # a bad row of your own is refused before the overrides that name it stick
     _stick(args.params, args.overrides)
@@ -300,7 +300,7 @@ def _serve(args: argparse.Namespace) -> None:
     from flows.deployments import serve_pipelines
     from tasks.params.load import load_params
 
-    serve_pipelines(load_params("params.yaml"))
+    serve_pipelines(load_params("params.yaml", runs=()))  # each run validates its pipeline
 
 
 RETRAIN_OWN_SECTIONS = ("retrain", "remote")

@@ -257,7 +257,7 @@ def form_flow(
         project = Path.cwd()
         # Compared under the run lock: a run queued behind another compares with the params.yaml that one left.
         with holding(run_lock(project)):
-            return body(changed_overrides(params, load_params(project / "params.yaml")), project)
+            return body(changed_overrides(params, load_params(project / "params.yaml", runs=())), project)
 
     run.__annotations__["params"] = form  # Prefect's form, and its validation of a run's parameters, read the type
     run.__name__ = run.__qualname__ = attribute
@@ -277,7 +277,8 @@ def _project() -> tuple[Params, Path]:
     and this source tree's dvc.yaml. Read once, when the first form is built (never on import), so that every form
     defaults to the same params.yaml."""
     here = Path.cwd()
-    params = load_params(here / "params.yaml") if (here / "params.yaml").is_file() else Params()
+    # the forms' defaults: each run validates its own pipeline (run_pipeline), not every pipeline's rules
+    params = load_params(here / "params.yaml", runs=()) if (here / "params.yaml").is_file() else Params()
     return params, here if (here / "dvc.yaml").is_file() else Path(__file__).resolve().parents[1]
 
 

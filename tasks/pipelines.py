@@ -107,11 +107,13 @@ PIPELINES: dict[str, Pipeline] = {
 }
 
 
-def kinds_run(names: Iterable[str], params: Params) -> set[str]:
-    """The stage kinds a run of ``names`` runs: each name a pipeline, a dvc.yaml stage (``eval@sft``,
-    ``rejection@1``) or a foreach group (``rejection``, ``eval_sft_rs``), with everything upstream of it."""
+def kinds_run(names: Iterable[str], params: Params, as_stages: bool = False) -> set[str]:
+    """The stage kinds a run of ``names`` runs: each name a pipeline (unless ``as_stages``: ``sft`` and ``distill``
+    are both), a dvc.yaml stage (``eval@sft``, ``rejection@1``) or a foreach group (``rejection``, ``eval_sft_rs``),
+    with everything upstream of it."""
     kinds, evaluations = stage_kinds(), {kind.evaluation for kind in stage_kinds().values()}
-    todo = [stage for name in names for stage in (PIPELINES[name].stages(params) if name in PIPELINES else [name])]
+    pipelines = {} if as_stages else PIPELINES
+    todo = [stage for name in names for stage in (pipelines[name].stages(params) if name in pipelines else [name])]
     seen, run = set(), set()
     while todo:
         name = todo.pop()

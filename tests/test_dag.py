@@ -189,3 +189,10 @@ def _changed(project) -> set[str]:
             stage.addressing: _stage_name(stage) for stage in repo.index.stages if stage.cmd != "alignflow fingerprints"
         }
     return {by_address[address] for address in status}
+
+
+def test_a_stage_named_like_a_pipeline_is_the_stage_when_a_command_runs_a_stage():
+    params = load_params(REPO / "params.yaml")
+    assert kinds_run(["sft"], params) == {"data", "base", "sft", "eval"}  # `alignflow repro sft`: the pipeline
+    assert kinds_run(["sft"], params, as_stages=True) == {"data", "base", "sft"}  # `alignflow stage sft`
+    assert "eval" not in kinds_run(["distill"], params, as_stages=True)

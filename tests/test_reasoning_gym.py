@@ -97,7 +97,7 @@ def test_a_row_that_is_not_the_item_its_meta_names_is_refused_naming_its_line(pr
     rows = [example.to_row() for example in train]
     rows[2]["answer"] = str(int(rows[2]["answer"]) + 1)
     (project / "data/rg.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    with pytest.raises(ValueError, match=r"rg.jsonl:3: .*not leg_counting's item"):
+    with pytest.raises(ValueError, match=r"rg.jsonl:3: .*not leg_counting's item of seed"):
         read_examples(project / "data/rg.jsonl")
     assert read_examples_of(train, project) == train  # the untouched rows read back as they were written
 

@@ -10,11 +10,22 @@ import pytest
 import yaml
 
 from tasks.common.artifacts import metrics_dir
-from tests.conftest import ENV, make_project
-
-pytestmark = pytest.mark.slow
+from tasks.common.trackers import lineage, param_values
+from tasks.kinds import stage_kinds
+from tasks.params.load import load_params
+from tests.conftest import ENV, REPO, make_project
 
 STAGES = {"data", "base", "sft", "eval@base", "eval@sft"}
+
+
+def test_a_stage_of_a_round_sends_its_rounds_as_keys_and_its_round_inputs_hashes(tmp_path):
+    params = load_params(REPO / "params.yaml")
+    values = param_values(params, stage_kinds()["rejection"].param_keys)
+    assert values["rounds.1.policy"] == "grpo" and json.dumps(values)  # plain values, each a key of its own
+    lock = {"stages": {"rejection@1": {"outs": [{"path": "artifacts/rejection/1", "md5": "abc.dir"}]}}}
+    (tmp_path / "dvc.lock").write_text(yaml.safe_dump(lock))
+    inputs = {"data": "rejection@1", "init": "grpo"}
+    assert lineage(inputs, tmp_path) == {"data": "rejection@1@abc.dir", "init": "grpo@?"}  # grpo: not run yet
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +43,7 @@ def _dvclive_series(project, stage: str, name: str) -> list[tuple[int, float]]:
         return [(int(row["step"]), float(row[column])) for row in csv.DictReader(rows, delimiter="\t")]
 
 
+@pytest.mark.slow
 def test_mlflow_holds_one_pipeline_run_with_a_child_per_stage_and_what_dvc_holds(tracked):
     from mlflow import MlflowClient
 
@@ -62,6 +74,7 @@ def test_mlflow_holds_one_pipeline_run_with_a_child_per_stage_and_what_dvc_holds
     assert children["eval@sft"].data.tags["lineage.model"] == f"sft@{hashes['artifacts/sft']}"
 
 
+@pytest.mark.slow
 def test_tensorboard_holds_each_stage_curve_under_the_pipeline_run(tracked):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -403,3 +403,15 @@ def test_validation_checks_what_a_command_runs_and_generate_check_the_whole_file
     whole = capsys.readouterr().err
     for section in ("sft", "ppo", "grpo", "distill", "reward_backbone", "student_base"):
         assert f"\n  {section}." in whole, section
+
+
+def test_a_tracker_that_is_not_installed_is_refused_before_any_stage(project, capsys, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else find_spec(name, *a))
+    assert main(["stage", "data", "tracking.to=[mlflow,tensorboard]"]) == 2
+    err = capsys.readouterr().err
+    assert "tracking.to: mlflow is not installed here (pip install 'alignflow[tracking]')" in err
+    assert "tensorboard is not" not in err and produced(project) == []
+

@@ -32,7 +32,7 @@ class DeclaredParams:
         self._target, self._declared, self._stage, self._path = target, declared, stage, path
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):  # copy, pickle and friends probe for protocols: not params reads
+        if name.startswith("_"):  # copy, pickle and other libraries probe for protocols: no params key starts so
             raise AttributeError(name)
         value = getattr(self._target, name)
         key = f"{self._path}.{name}" if self._path else name

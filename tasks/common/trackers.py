@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from tasks.common.artifacts import metrics_dir
+from tasks.common.artifacts import metrics_dir, stage_dir
 from tasks.common.config import to_dict
 from tasks.common.errors import warn
 
@@ -60,7 +60,7 @@ def stage_record(stage: str, param_values: dict[str, Any], inputs: dict[str, str
     metrics_file = directory / "metrics.json"
     final = _flat(json.loads(metrics_file.read_text())) if metrics_file.is_file() else {}
     numbers = {name: float(value) for name, value in final.items() if isinstance(value, int | float)}
-    return StageRecord(stage, param_values, steps, numbers, _lineage(inputs, project))
+    return StageRecord(stage, param_values, steps, numbers, lineage(inputs, project))
 
 
 def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
@@ -80,19 +80,29 @@ def param_values(params: Any, keys: tuple[str, ...]) -> dict[str, Any]:
         value: Any = params
         for part in key.split("."):
             value = getattr(value, part)
-        plain = to_dict(value) if hasattr(value, "__dataclass_fields__") else value
+        plain = _plain(value)
         values |= _flat(plain, f"{key}.") if isinstance(plain, dict) else {key: plain}
     return values
 
 
-def _lineage(inputs: dict[str, str], project: Path) -> dict[str, str]:
+def _plain(value: Any) -> Any:
+    """A params value as JSON's types: a section or a mapping of sections (``rounds``) as nested dicts."""
+    if hasattr(value, "__dataclass_fields__"):
+        return to_dict(value)
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return list(value) if isinstance(value, tuple) else value
+
+
+def lineage(inputs: dict[str, str], project: Path) -> dict[str, str]:
     """Each input's artifact with the hash dvc.lock recorded for it (``?`` when no repro recorded it yet)."""
     lock = project / "dvc.lock"
     outs = {}
     if lock.is_file():
         for entry in (yaml.safe_load(lock.read_text()) or {}).get("stages", {}).values():
             outs |= {out["path"]: out.get("md5", "?") for out in entry.get("outs", [])}
-    return {name: f"{artifact}@{outs.get(f'artifacts/{artifact}', '?')}" for name, artifact in inputs.items()}
+    # an artifact's directory as dvc.lock names it: artifacts/sft, artifacts/rejection/1 (rejection@1)
+    return {name: f"{artifact}@{outs.get(stage_dir(artifact).as_posix(), '?')}" for name, artifact in inputs.items()}
 
 
 def export(record: StageRecord, tracking: Any) -> None:
@@ -116,18 +126,18 @@ def _to_mlflow(record: StageRecord, tracking: Any) -> None:
     now = int(time.time() * 1000)
     points = [Metric(_mlflow_name(n), value, now, step) for n, series in record.steps.items() for step, value in series]
     points += [Metric(_mlflow_name(f"final/{name}"), value, now, 0) for name, value in record.metrics.items()]
-    params = [
-        Param(key, json.dumps(value) if not isinstance(value, str) else value) for key, value in record.params.items()
-    ]
+    params = [Param(_mlflow_name(key), _text(value)) for key, value in record.params.items()]
     lineage = [RunTag(f"lineage.{name}", value) for name, value in record.lineage.items()]
-    for start in range(0, max(len(points), 1), 1000):  # MLflow takes at most 1,000 metrics a batch
-        client.log_batch(
-            run.info.run_id,
-            metrics=points[start : start + 1000],
-            params=params if not start else [],
-            tags=lineage if not start else [],
-        )
-    client.set_terminated(run.info.run_id)
+    status = "FAILED"
+    try:
+        client.log_batch(run.info.run_id, metrics=points, params=params, tags=lineage)  # it splits what is too long
+        status = "FINISHED"
+    finally:
+        client.set_terminated(run.info.run_id, status)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def _mlflow_name(name: str) -> str:
@@ -152,7 +162,7 @@ def _to_tensorboard(record: StageRecord, tracking: Any) -> None:
         writer.add_text("params", "\n\n".join(lines) or "(none)")
         writer.add_text("lineage", "\n\n".join(f"{k}: {v}" for k, v in record.lineage.items()) or "(no inputs)")
         writer.add_hparams(
-            {k: v if isinstance(v, int | float | str | bool) else json.dumps(v) for k, v in record.params.items()},
+            {k: v if isinstance(v, int | float | str | bool) else _text(v) for k, v in record.params.items()},
             {f"final/{name}": value for name, value in record.metrics.items()},
             run_name=".",
         )

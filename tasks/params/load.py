@@ -31,6 +31,7 @@ from tasks.common.declared_params import OPERATIONS
 from tasks.common.errors import warn
 from tasks.kinds import stage_kinds
 from tasks.params.rules import RL_SECTIONS, cross_field_errors, cross_field_warnings, reward_import_errors
+from tasks.params.task_rules import reasoning_gym_errors
 from tasks.pipelines import kinds_run
 
 
@@ -164,12 +165,15 @@ REPLACED_BY_THE_FILE = (
 )
 
 
-def validate(params: Params, runs: Sequence[str] | None = None) -> Params:
+def validate(params: Params, runs: Sequence[str] | None = None, as_stages: bool = False) -> Params:
     """The cross-field rules (the schema has checked every field alone), then the reward functions' imports. With
-    ``runs`` (pipelines, dvc.yaml stages or groups), only what concerns the stages a run of them runs: a rule whose
-    key no such stage reads is another pipeline's business; without, the whole of params."""
-    in_scope = (lambda _: True) if runs is None else _concerns(kinds_run(runs, params))
+    ``runs`` (pipelines, dvc.yaml stages or groups; stages only with ``as_stages``), only what concerns the stages a
+    run of them runs: a rule whose key no such stage reads is another pipeline's business; without, all of params."""
+    kinds = None if runs is None else kinds_run(runs, params, as_stages)
+    in_scope = (lambda _: True) if kinds is None else _concerns(kinds)
     errors = [error for error in cross_field_errors(params) if in_scope(error)]
+    if params.task.name == "reasoning_gym" and (kinds is None or "data" in kinds):  # builds datasets: only for data
+        errors += reasoning_gym_errors(params)
     if not errors:  # importing user code is the slow check: only once the rest holds
         errors += [error for error in reward_import_errors(params) if in_scope(error)]
     if errors:
@@ -236,7 +240,10 @@ def _merge(base: DictConfig, layer: DictConfig, where: Any) -> DictConfig:
 
 
 def load_params(
-    path: str | Path = "params.yaml", overrides: Sequence[str] = (), runs: Sequence[str] | None = None
+    path: str | Path = "params.yaml",
+    overrides: Sequence[str] = (),
+    runs: Sequence[str] | None = None,
+    as_stages: bool = False,
 ) -> Params:
     """Read ``path``, apply dotlist ``overrides`` (``sft.lr=1e-4``), validate (only what concerns a run of ``runs``
     when given: pipelines or dvc.yaml stages; ``validate``), and return typed params."""
@@ -282,4 +289,4 @@ def load_params(
         params = _PARAMS.validate_python(values)
     except ValidationError as error:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(schema_errors(error, overrides))) from None
-    return validate(params, runs)
+    return validate(params, runs, as_stages)

@@ -4,6 +4,7 @@ runs."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from collections.abc import Iterator
@@ -23,6 +24,9 @@ def operations_errors(params: Params) -> Iterator[str]:
 
     if "default" not in params.runner.resources:
         yield "runner.resources: needs a 'default' entry"
+    for tracker in params.tracking.to:  # each tracker's import name is its own
+        if importlib.util.find_spec(tracker) is None:
+            yield f"tracking.to: {tracker} is not installed here (pip install 'alignflow[tracking]')"
     for pipeline, cron in params.runner.schedules.items():
         if pipeline not in PIPELINES:
             yield f"runner.schedules.{pipeline}: not a pipeline ({', '.join(PIPELINES)})"
