@@ -414,4 +414,3 @@ def test_a_tracker_that_is_not_installed_is_refused_before_any_stage(project, ca
     err = capsys.readouterr().err
     assert "tracking.to: mlflow is not installed here (pip install 'alignflow[tracking]')" in err
     assert "tensorboard is not" not in err and produced(project) == []
-
