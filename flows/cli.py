@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from flows import warm_runner
+from flows import registry_commands, warm_runner
 from tasks.common.registry import usage_name
 from tasks.kinds import stage_kinds
 from tasks.pipelines import PIPELINES
@@ -326,49 +326,6 @@ def _retrain(args: argparse.Namespace) -> None:
     print(json.dumps(RETRAIN_FLOWS[args.pipeline](params=form), indent=2))
 
 
-def _registry(args: argparse.Namespace) -> None:
-    from flows.registry import registry, render
-
-    rows = registry(Path.cwd())
-    print(json.dumps(rows, indent=2) if args.json else render(rows))
-
-
-def _who(reason: str) -> str:
-    import getpass
-
-    return f"{getpass.getuser()} by hand" + (f": {reason}" if reason else "")
-
-
-def _promote(args: argparse.Namespace) -> None:
-    from flows.lineage import recorded_model
-    from flows.registry import assign_prod, commit_of, parse_version, pipeline_of, prod_version
-
-    artifact, _, version = args.version.partition("@")
-    pipeline_of(artifact)
-    version = parse_version(version)
-    commit = commit_of(Path.cwd(), artifact, version)  # names the version when there is none
-    recorded_model(Path.cwd(), artifact, version, commit)  # a version whose commit holds no model is refused
-    if (prod_version(Path.cwd(), artifact) or ("",))[0] == version:
-        print(f"{artifact}@{version} is already in prod: nothing to do")
-        return
-    assign_prod(Path.cwd(), artifact, version, f"promoted by {_who(args.reason)}")
-    print(f"{artifact}@{version} is in prod")
-
-
-def _rollback(args: argparse.Namespace) -> None:
-    from flows.registry import pipeline_of, rollback
-
-    pipeline_of(args.model)
-    print(f"{args.model}@{rollback(Path.cwd(), args.model, _who(args.reason))} is in prod again")
-
-
-def _lineage(args: argparse.Namespace) -> None:
-    from flows.lineage import lineage, render
-
-    found = lineage(Path.cwd(), args.version)
-    print(json.dumps(found, indent=2) if args.json else render(found))
-
-
 def _report(args: argparse.Namespace) -> None:
     from flows.report import collect, render
 
@@ -470,10 +427,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "run": _run_pipeline,
             "serve": _serve,
             "retrain": _retrain,
-            "registry": _registry,
-            "promote": _promote,
-            "rollback": _rollback,
-            "lineage": _lineage,
+            "registry": registry_commands.registry,
+            "promote": registry_commands.promote,
+            "rollback": registry_commands.rollback,
+            "lineage": registry_commands.lineage,
             "report": _report,
             "generate": _generate,
             "fingerprints": _fingerprints,
