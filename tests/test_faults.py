@@ -182,7 +182,7 @@ def test_a_cold_start_prompt_over_its_own_bound_names_the_key_the_stage_reads(pr
 def test_a_reward_module_that_raises_on_import_is_named_when_params_load(project, capsys):
     """Defect 4: a reward module raising on import showed a raw traceback, and only when the RL stage started."""
     Path("broken_reward.py").write_text("raise RuntimeError('no GPU found')\ndef f(batch):\n    return []\n")
-    assert main(["stage", "data", "grpo.rewards={broken_reward:f: 1.0}"]) == 2
+    assert main(["stage", "grpo", "grpo.rewards={broken_reward:f: 1.0}"]) == 2
     error = capsys.readouterr().err
     assert error.count("grpo.rewards.broken_reward:f: cannot be imported: RuntimeError: no GPU found") == 1
     assert "Traceback" not in error

@@ -71,14 +71,14 @@ def _written(project: Path) -> list[str]:
 def test_a_truncated_gguf_is_refused_naming_the_key_before_any_stage(project, capsys, cut, message):
     whole = tiny_gguf(project / "whole.gguf").read_bytes()
     (project / "cut.gguf").write_bytes(whole[: cut(len(whole))])
-    assert main(["stage", "data", "base.model_path=cut.gguf"]) == 2
+    assert main(["stage", "base", "base.model_path=cut.gguf"]) == 2
     assert f"base.model_path: 'cut.gguf': {message}" in capsys.readouterr().err
     assert _written(project) == []
 
 
 def test_a_gguf_of_an_architecture_transformers_does_not_read_is_refused_before_any_stage(project, capsys):
     tiny_gguf(project / "odd.gguf", architecture="nosucharch")
-    assert main(["stage", "data", "base.model_path=odd.gguf"]) == 2
+    assert main(["stage", "base", "base.model_path=odd.gguf"]) == 2
     err = capsys.readouterr().err
     assert "base.model_path: 'odd.gguf': the GGUF file's architecture 'nosucharch' is not one transformers loads" in err
     assert _written(project) == []
