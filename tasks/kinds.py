@@ -81,6 +81,11 @@ class StageKind:
         "source files, which dvc.yaml's sources stage writes on every repro; the stages that read its data list "
         "it as well, so an edited generator, verifier or environment re-runs what used it.",
     )
+    prompt_limit: str | None = Field(
+        None,
+        description="For a kind that writes a dataset: the params key bounding its prompts in tokens, which every "
+        "stage sampling or training on them reads (data: sft.max_prompt_length; agent_data: its SFT's).",
+    )
 
     @property
     def param_keys(self) -> tuple[str, ...]:
@@ -110,6 +115,17 @@ def stage_kinds() -> dict[str, StageKind]:
     declared = yaml.safe_load(DECLARATIONS.read_text())
     kinds = TypeAdapter(list[StageKind]).validate_python([{"name": name, **kind} for name, kind in declared.items()])
     return {kind.name: kind for kind in kinds}
+
+
+def prompt_limit_key(section: str) -> str:
+    """The params key bounding the prompts the stage of params section ``section`` reads: its dataset's
+    (``prompt_limit``), so that the agent pipeline's stages read the agent SFT's, not the default pipelines'."""
+    kinds = stage_kinds()
+    kind = next(kind for kind in kinds.values() if kind.section == section)
+    limit = kinds[kind.reads.get("data", "data")].prompt_limit
+    if limit is None:
+        raise ValueError(f"tasks/kinds.yaml: {kind.name} reads a dataset without a prompt_limit")
+    return limit
 
 
 def model_kinds(evaluation: str | None = None) -> tuple[list[str], list[str]]:

@@ -1,4 +1,5 @@
-"""The agent examples: examples/calculator (a tool-using task) and examples/guess_number (a game with hidden state).
+"""The agent examples: examples/calculator (a tool-using task), examples/guess_number (a game with hidden state) and
+examples/shop (a tool reading its row's hidden prices).
 Their generators are seeded, their worked traces replay against their own tool and environment, their verifiers
 grade the final turn, the calculator evaluates integer arithmetic and nothing else, and every text they make is in
 the tiny model's alphabet."""
@@ -12,12 +13,13 @@ import pytest
 
 import examples.calculator as calculator
 import examples.guess_number as guess_number
+import examples.shop as shop
 from models.tokenizer import build_char_tokenizer
 from tasks.data.datasets import generate_splits, read_examples, write_jsonl
 from tasks.data.environments import EnvironmentHost, Step
 from tasks.data.problems import Example, score_response
 
-TASKS = ("examples.calculator", "examples.guess_number")
+TASKS = ("examples.calculator", "examples.guess_number", "examples.shop")
 _CALL = re.compile(r"<tool_call>(.*)</tool_call>", re.DOTALL)
 
 
@@ -243,3 +245,32 @@ def test_games_played_side_by_side_keep_their_own_hidden_numbers():
     for example, said in zip(examples, replies, strict=True):
         assert said == [t["content"] for t in example.meta["turns"] if t["role"] == "user"] + ["correct"]
     assert all(game.tool_errors == 0 for game in games)
+
+
+def test_the_shops_price_tool_reads_each_rows_hidden_prices_through_the_sandbox_episodes_use():
+    examples = rows("examples.shop")
+    a, b = next(
+        (a, b)
+        for a in examples
+        for b in examples
+        if a.meta["item"] == b.meta["item"] and a.meta["prices"][a.meta["item"]] != b.meta["prices"][b.meta["item"]]
+    )
+    call = calculator.tool_call("price", {"item": a.meta["item"]})
+    with EnvironmentHost(shop, timeout=60, output_chars=1000) as host:
+        answers = []
+        for key, example in enumerate((a, b)):
+            environment = host.environment(key)
+            environment.reset(example)
+            answers.append(environment.step(call).observation)
+            assert environment.tool_errors == 0
+        assert answers == [str(e.meta["prices"][e.meta["item"]]) for e in (a, b)]  # the same call, each row's price
+        environment = host.environment(2)
+        environment.reset(a)
+        assert environment.step(calculator.tool_call("price", {"item": "car"})).observation.startswith(
+            "error: no 'car'"
+        )
+        assert environment.tool_errors == 0  # the tool's own answer, as a shop would give it
+        assert environment.step(calculator.tool_call("price", {"item": "pen", "example": "x"})).observation.startswith(
+            "error: "
+        )
+        assert environment.tool_errors == 1  # the model may not pass the example: not a declared argument

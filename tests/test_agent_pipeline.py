@@ -72,3 +72,15 @@ def test_the_prefect_flow_shows_episodes_as_conversations_in_the_stage_summaries
         shown = {artifact["key"]: artifact["data"] for artifact in json.loads(response.read())}
     for key in ("agent-grpo", "agent-eval-agent-grpo"):
         assert "Episode: `What is " in shown[key] and "| user | `What is " in shown[key], key
+
+
+def test_a_tool_reading_its_rows_hidden_data_runs_through_repro_agent_with_no_environment_code(tmp_path):
+    path = make_project(tmp_path)
+    small = ["agent_data.num_train=64", "agent_data.num_test=4", "agent_sft.max_steps=4", "agent_grpo.steps=1"]
+    args = ["alignflow", "repro", "agent", "@examples/shop/tiny.args", *small, "agent_eval.k=1"]
+    result = subprocess.run(args, cwd=path, env=ENV, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert stages_run(result.stdout + result.stderr) == STAGES
+    rows = [json.loads(line) for line in (path / "artifacts/agent_data/train.jsonl").read_text().splitlines()]
+    assert {row["task"] for row in rows} == {"examples.shop"} and all(row["meta"]["prices"] for row in rows)
+    assert {"pass@1", "tool_calls", "tool_errors"} <= set(report_json(path)["agent_grpo"])

@@ -197,6 +197,20 @@ def test_overrides_are_written_into_params_yaml_keeping_its_comments(tmp_path):
     assert not list(tmp_path.glob(".tmp-*"))
 
 
+def test_an_override_stating_a_whole_mix_replaces_it_and_one_entry_merges_in_load_and_in_the_file(tmp_path):
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text((REPO / "params.yaml").read_text())
+    assert dict(PARAMS.grpo.rewards) == {"accuracy": 1.0, "format": 0.1}
+    whole = ["grpo.rewards={accuracy: 2.0}", "task.reasoning_gym.datasets={gcd: {weight: 2}}"]
+    for params in (load_params(params_file, whole), (write_overrides(params_file, whole), load_params(params_file))[1]):
+        assert dict(params.grpo.rewards) == {"accuracy": 2.0}
+        assert list(params.task.reasoning_gym.datasets) == ["gcd"]
+    one_entry = ["grpo.rewards.format=0.5"]
+    assert dict(load_params(params_file, one_entry).grpo.rewards) == {"accuracy": 2.0, "format": 0.5}
+    write_overrides(params_file, one_entry)
+    assert dict(load_params(params_file).grpo.rewards) == {"accuracy": 2.0, "format": 0.5}
+
+
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, RunCancelled])
 def test_a_run_cancelled_after_writing_its_overrides_leaves_params_yaml_byte_for_byte(tmp_path, stop):
     """Ctrl-C of `alignflow run`, or a cancel from the UI or a stopping serve: params.yaml as it was, its nulls too."""

@@ -12,9 +12,9 @@ import torch
 from flows.cli import main
 from tasks.common import errors
 from tasks.common.config import Params
-from tasks.kinds import stage_kinds
+from tasks.kinds import prompt_limit_key, stage_kinds
 from tasks.params.load import fields_with_keys, load_params
-from tests.conftest import produced
+from tests.conftest import REPO, produced
 
 MALFORMED_CONFIGS = [
     (["sft.lrr=0.1"], "sft.lrr: unknown key"),
@@ -42,7 +42,7 @@ MALFORMED_CONFIGS = [
     (["agent_sft.max_length=300"], "agent_base.max_position_embeddings: must be >= 300"),
     (
         ["agent_grpo.max_new_tokens=250"],
-        "agent_grpo.max_new_tokens: a prompt of sft.max_prompt_length plus 250 new tokens exceeds "
+        "agent_grpo.max_new_tokens: a prompt of agent_sft.max_prompt_length plus 250 new tokens exceeds "
         "agent_base.max_position_embeddings (256)",
     ),
     (["data.train_file=data/missing.jsonl"], "data.train_file: no JSONL file at 'data/missing.jsonl'"),
@@ -391,8 +391,7 @@ def test_a_stage_in_a_git_repository_without_a_commit_is_refused_in_one_line_bef
 
 
 def test_validation_checks_what_a_command_runs_and_generate_check_the_whole_file(project, capsys):
-    # a longer agent prompt: the agent stages read sft.max_prompt_length, and the other pipelines' lengths no
-    # longer fit their models, which is their business when they run, not the agent pipeline's
+    # the other pipelines' lengths no longer fit their models: their business when they run, not the agent's
     longer = ["agent_sft.max_prompt_length=96", "sft.max_prompt_length=96"]
     assert main(["stage", "agent_data", *longer]) == 0
     assert load_params("params.yaml", runs=["agent"]).sft.max_prompt_length == 96
@@ -414,3 +413,14 @@ def test_a_tracker_that_is_not_installed_is_refused_before_any_stage(project, ca
     err = capsys.readouterr().err
     assert "tracking.to: mlflow is not installed here (pip install 'alignflow[tracking]')" in err
     assert "tensorboard is not" not in err and produced(project) == []
+
+
+def test_the_agent_stages_bound_their_prompts_by_their_own_sft_key_not_the_default_pipelines():
+    assert prompt_limit_key("agent_grpo") == prompt_limit_key("agent_eval") == "agent_sft.max_prompt_length"
+    assert prompt_limit_key("grpo") == prompt_limit_key("eval") == prompt_limit_key("ppo") == "sft.max_prompt_length"
+    for kind in ("agent_grpo", "agent_eval"):  # what dvc.yaml lists, and all the declared-params view lets them read
+        assert "agent_sft.max_prompt_length" in stage_kinds()[kind].param_keys
+        assert "sft.max_prompt_length" not in stage_kinds()[kind].param_keys
+    # an agent prompt bound longer than the default pipelines' is the agent pipeline's alone to check
+    params = load_params(REPO / "params.yaml", ["agent_sft.max_prompt_length=120"], runs=["agent"])
+    assert (params.agent_sft.max_prompt_length, params.sft.max_prompt_length) == (120, 32)

@@ -23,6 +23,7 @@ from tasks.data.problems import (
     Example,
     TaskError,
     difficulty_label,
+    grades_episodes,
     has_verifier,
     score_response,
     task_module,
@@ -354,9 +355,9 @@ def _verified(example: Example) -> Example:
     except (KeyError, TypeError) as error:
         raise ValueError(f"'meta' lacks what the {example.task} verifier needs ({error})") from None
     trace_turns(example)  # an agent task's worked trace: well formed, ending on the solution
-    formatted, verified = (
-        score_response(example, example.solution) if has_verifier(example) and example.solution else (1, 1)
-    )
+    # a task grading whole episodes judges a trace's solution when the data stage replays the trace
+    judged_alone = has_verifier(example) and example.solution and not grades_episodes(task_module(example.task))
+    formatted, verified = score_response(example, example.solution) if judged_alone else (1, 1)
     if not formatted:
         raise ValueError("'solution' is not of the form the task's verifier reads (<think>…</think><answer>…</answer>)")
     if not verified:

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from tasks.common.project_path import project_first_on_path
 from tasks.common.sandbox import Handler, Sandbox, SandboxDied
 from tasks.data.problems import Example, TaskError
+from tasks.data.step import Step
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 EXAMPLE_ARGUMENT = "example"  # a tool function's parameter the host fills with the episode's Example
@@ -49,16 +50,6 @@ class Tool:
     description: str
     parameters: dict
     function: Callable[..., Any]
-
-
-@dataclass(frozen=True)
-class Step:
-    """What an environment answers a model turn with: the observation the model reads next (None: nothing to say),
-    the reward of the turn, and whether the episode is over."""
-
-    observation: str | None
-    reward: float = 0.0
-    done: bool = False
 
 
 class Environment(Protocol):

@@ -21,8 +21,8 @@ from tasks.data.problems import Example, score_response
 CORRECT_WEIGHT, FORMAT_WEIGHT, CONCISION_WEIGHT = 0.7, 0.2, 0.1
 
 
-def gold_utility(example: Example, response: str) -> float:
-    formatted, correct = score_response(example, response)
+def gold_utility(example: Example, response: str, env_reward: float | None = None) -> float:
+    formatted, correct = score_response(example, response, env_reward)
     concision = min(1.0, len(example.solution) / max(1, len(response.strip())))
     return CORRECT_WEIGHT * correct + FORMAT_WEIGHT * formatted + CONCISION_WEIGHT * concision
 

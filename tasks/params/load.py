@@ -31,7 +31,7 @@ from tasks.common.declared_params import OPERATIONS
 from tasks.common.errors import warn
 from tasks.kinds import stage_kinds
 from tasks.params.rules import RL_SECTIONS, cross_field_errors, cross_field_warnings, reward_import_errors
-from tasks.params.task_rules import reasoning_gym_errors
+from tasks.params.task_rules import reasoning_gym_errors, textarena_errors
 from tasks.pipelines import kinds_run
 
 
@@ -174,6 +174,9 @@ def validate(params: Params, runs: Sequence[str] | None = None, as_stages: bool 
     errors = [error for error in cross_field_errors(params) if in_scope(error)]
     if params.task.name == "reasoning_gym" and (kinds is None or "data" in kinds):  # builds datasets: only for data
         errors += reasoning_gym_errors(params)
+    playing = (("data", params.task.name), ("agent_data", params.agent_data.task))
+    if any(task == "textarena" and (kinds is None or section in kinds) for section, task in playing):  # makes a game
+        errors += textarena_errors(params)
     if not errors:  # importing user code is the slow check: only once the rest holds
         errors += [error for error in reward_import_errors(params) if in_scope(error)]
     if errors:
@@ -269,12 +272,17 @@ def load_params(
         for layer, where in ((from_file, path), (dotlist, "override")):
             _check_sections(layer, where)
         merged = _merge(_merge(_defaults(), from_file, path), dotlist, "override")
+        stated = {override.partition("=")[0].strip() for override in overrides}
         for key in REPLACED_BY_THE_FILE:
-            # omegaconf merges dicts key by key; a reward mix or a list of rounds written out means exactly that
-            if (given := OmegaConf.select(from_file, key)) is not None:
+            # omegaconf merges dicts key by key; a reward mix or a list of rounds written out means exactly that,
+            # in the file or in an override that states the whole mapping (`grpo.rewards={mine:fn: 1.0}`)
+            layers = [OmegaConf.select(dotlist, key)]
+            if key not in stated:
+                layers.insert(0, OmegaConf.select(from_file, key))
+            if layers[0] is not None:
                 OmegaConf.update(merged, key, {}, merge=False)
                 OmegaConf.set_struct(OmegaConf.select(merged, key), False)  # its entries are yours to name
-                for layer in (given, OmegaConf.select(dotlist, key)):
+                for layer in layers:
                     if layer is not None:
                         OmegaConf.update(merged, key, layer, merge=True)
         values = OmegaConf.to_container(merged, resolve=True)

@@ -30,7 +30,7 @@ from tasks.common.config.rl import REWARD_MODEL
 from tasks.common.registry import param_reference, param_value
 from tasks.common.registry_catalog import registry_entries
 from tasks.data.datasets import is_shard_of, shard_files
-from tasks.kinds import model_kinds, stage_kinds
+from tasks.kinds import model_kinds, prompt_limit_key, stage_kinds
 from tasks.params.operations_rules import operations_errors
 from tasks.params.task_rules import task_errors
 from tasks.params.training_rules import runs_on_gpu, training_errors
@@ -190,10 +190,11 @@ def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
             gpus = torch.cuda.device_count()
             yield f"{name}.vllm.tensor_parallel_size: {cfg.vllm.tensor_parallel_size} GPUs, {gpus} seen"
     if base.model_path is None:
-        longest = params.sft.max_prompt_length + cfg.max_new_tokens
+        limit = prompt_limit_key(name)
+        longest = param_value(params, limit) + cfg.max_new_tokens
         if base.max_position_embeddings < longest:
             yield (
-                f"{name}.max_new_tokens: a prompt of sft.max_prompt_length plus {cfg.max_new_tokens} new tokens "
+                f"{name}.max_new_tokens: a prompt of {limit} plus {cfg.max_new_tokens} new tokens "
                 f"exceeds {base_name}.max_position_embeddings ({base.max_position_embeddings})"
             )
         head_size = base.hidden_size // base.num_heads
@@ -364,7 +365,7 @@ def cross_field_errors(params: Params) -> Iterator[str]:
             yield f"task.system_prompt: set, but the base model ({model}) has no chat template to put it in"
     agent_base = params.agent_base
     if agent_base.model_path is None:
-        episode = params.sft.max_prompt_length + params.agent_eval.max_new_tokens
+        episode = params.agent_sft.max_prompt_length + params.agent_eval.max_new_tokens
         yield from _size_errors("agent_base", agent_base, max(params.agent_sft.max_length, episode))
     elif (agent_source_problem := source_error(agent_base.model_path)) is not None:
         yield f"agent_base.model_path: {agent_source_problem}"

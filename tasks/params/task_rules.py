@@ -94,3 +94,35 @@ _CHARACTER_SAMPLE = 16  # items whose characters are checked against the tiny mo
 
 def _text(item: dict) -> str:
     return item["question"] + str(item["answer"])
+
+
+def textarena_errors(params: Params) -> Iterator[str]:
+    """``task.textarena.game`` is one of TextArena's games and plays here, single-player and offline (some games
+    download word lists at run time, and those cannot)."""
+    import difflib
+
+    from tasks.data.problems.textarena_family import Game, registry
+
+    game = params.task.textarena.game
+    try:
+        registry()
+    except ImportError:
+        yield 'task.textarena.game: TextArena is not installed; pip install -e ".[textarena]" (README)'
+        return
+    if game not in registry():
+        close = difflib.get_close_matches(game, sorted(registry()), n=5, cutoff=0.5)
+        yield (
+            f"task.textarena.game: {game!r} is not a TextArena game"
+            + (f" (did you mean {', '.join(close)}?)" if close else "")
+            + "; docs/agents.md lists the single-player games that run offline"
+        )
+        return
+    try:
+        Game(game, 0)
+    except Exception as error:  # the game's own refusal: two players needed, a word list to download
+        first = str(error).strip().splitlines()
+        reason = next((line.strip() for line in first if line.strip() and set(line.strip()) != {"*"}), "")
+        yield (
+            f"task.textarena.game: {game!r} does not play here single-player and offline ({type(error).__name__}: "
+            f"{reason[:160]}); docs/agents.md lists the games that do"
+        )

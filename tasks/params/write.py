@@ -19,6 +19,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import SingleQuotedScalarString
 
 from tasks.common.artifacts import atomic_output
+from tasks.params.load import REPLACED_BY_THE_FILE
 
 
 def _round_trip() -> YAML:
@@ -53,13 +54,14 @@ def _entry(mapping: CommentedMap, name: str) -> Any:
     return int(name) if name not in mapping and name.isdigit() and int(name) in mapping else name
 
 
-def _set(mapping: CommentedMap, value: Any) -> None:
+def _set(mapping: CommentedMap, value: Any, replace_at: int | None = None) -> None:
     """Merge ``value`` (a nested dict, as omegaconf reads a dotlist) into ``mapping``, leaf by leaf, as load_params
-    merges an override over the file; a leaf replaces what was there."""
+    merges an override over the file; a leaf replaces what was there, and so does the dict ``replace_at`` levels
+    down (an override stating a whole reward mix or dataset mix, as load_params reads it)."""
     for name, item in value.items():
         key = _entry(mapping, str(name))
-        if isinstance(item, dict) and isinstance(mapping.get(key), dict):
-            _set(mapping[key], item)
+        if isinstance(item, dict) and isinstance(mapping.get(key), dict) and replace_at != 1:
+            _set(mapping[key], item, None if replace_at is None else replace_at - 1)
         else:
             mapping[key] = _node(item)
 
@@ -69,7 +71,9 @@ def write_overrides(params_file: Path, overrides: Sequence[str]) -> None:
     editor = _round_trip()
     document = editor.load(Path(params_file).read_text())
     for override in overrides:
-        _set(document, OmegaConf.to_container(OmegaConf.from_dotlist([override])))
+        key = override.partition("=")[0].strip()
+        replace_at = key.count(".") + 1 if key in REPLACED_BY_THE_FILE else None
+        _set(document, OmegaConf.to_container(OmegaConf.from_dotlist([override])), replace_at)
     text = io.StringIO()
     editor.dump(document, text)
     with atomic_output(Path(params_file), with_the_stage=False) as temporary:

@@ -75,7 +75,7 @@ class Guard:
         completions = roles["actor"].call("sample_current", prompts, sampling, seed).result()
         per_response = [prompts[c.prompt_index] for c in completions]
         judged = roles["reward"].call("judge_scores", per_response, completions).result()
-        gold = [gold_utility(self.probe[c.prompt_index], c.text) for c in completions]
+        gold = [gold_utility(self.probe[c.prompt_index], c.text, c.env_reward) for c in completions]
         score = judged[self.signal].mean().item()
         metrics = {
             "guard/score": score,

@@ -79,14 +79,20 @@ RewardFunction = Callable[[RewardInputs], Sequence[float]]
 BUILT_IN: Registry[RewardFunction] = Registry("built-in reward")
 
 
+def _env(batch: RewardInputs) -> list[float | None]:
+    """Each response's episode reward (a task grading episodes scores with it); None for single completions."""
+    return [None] * len(batch) if batch.env_rewards is None else batch.env_rewards
+
+
 @BUILT_IN.register("accuracy")
 def accuracy(batch: RewardInputs) -> list[float]:
-    return [score_credit(e, r)[1] for e, r in zip(batch.examples, batch.responses, strict=True)]
+    return [score_credit(e, r, env)[1] for e, r, env in zip(batch.examples, batch.responses, _env(batch), strict=True)]
 
 
 @BUILT_IN.register("format")
 def format_reward(batch: RewardInputs) -> list[float]:
-    return [float(score_response(e, r)[0]) for e, r in zip(batch.examples, batch.responses, strict=True)]
+    graded = zip(batch.examples, batch.responses, _env(batch), strict=True)
+    return [float(score_response(e, r, env)[0]) for e, r, env in graded]
 
 
 @BUILT_IN.register("length")

@@ -36,6 +36,7 @@ the prompt cursor and the metric history.
 import json
 import time
 from dataclasses import asdict
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,7 @@ from tasks.data.environments import check_tool_tags, is_agent_task
 from tasks.data.judge import gold_utility
 from tasks.data.problems import Example, score_response, task_module, task_of
 from tasks.data.prompts import PromptFormat
-from tasks.kinds import stage_kinds
+from tasks.kinds import prompt_limit_key, stage_kinds
 from tasks.rl.async_rollouts import RolloutsAhead, Sampled, draw, sample
 from tasks.rl.core_algos import adaptive_kl_coef, informative_groups
 from tasks.rl.gold_vs_proxy import peak, rl_curve, write_curve
@@ -166,8 +167,9 @@ def collect(
 
 
 def rollout_metrics(rollout: Rollout) -> dict[str, float]:
-    gold = [gold_utility(e, c.text) for e, c in zip(rollout.examples, rollout.completions, strict=True)]
-    correct = [score_response(e, c.text)[1] for e, c in zip(rollout.examples, rollout.completions, strict=True)]
+    pairs = list(zip(rollout.examples, rollout.completions, strict=True))
+    gold = [gold_utility(e, c.text, c.env_reward) for e, c in pairs]
+    correct = [score_response(e, c.text, c.env_reward)[1] for e, c in pairs]
     return {
         "reward": rollout.scores.mean().item(),
         **{f"rewards/{name}": values.mean().item() for name, values in rollout.components.items()},
@@ -229,7 +231,8 @@ def heldout_gold_reward(roles: Roles, examples: list[Example], cfg: RLConfig, se
     (the probe leaves the run's random streams, and so its training, as they were)."""
     sampling = Sampling(cfg.max_new_tokens, n=cfg.group_size, temperature=cfg.temperature)
     completions = roles["actor"].call("sample_current", [e.prompt for e in examples], sampling, seed).result()
-    return float(f"{sum(gold_utility(examples[c.prompt_index], c.text) for c in completions) / len(completions):.6g}")
+    gold = [gold_utility(examples[c.prompt_index], c.text, c.env_reward) for c in completions]
+    return float(f"{sum(gold) / len(gold):.6g}")
 
 
 def dip_and_recovery(history: list[tuple[int, dict[str, float]]]) -> tuple[float, int | None]:
@@ -267,7 +270,7 @@ def train(
         tokenizer,
         PromptFormat.of(params.task),
         train_file,
-        params.sft.max_prompt_length,
+        attrgetter(prompt_limit_key(section))(params),
         context_length(init_dir),
         (f"{section}.max_new_tokens", cfg.max_new_tokens),
     )
@@ -406,7 +409,7 @@ def episode_rows(rollout: Rollout, step: int) -> list[dict[str, Any]]:
     rows = []
     for index, completion in enumerate(rollout.completions):
         if (episode := completion.episode) is not None:
-            formatted, correct = score_response(rollout.examples[index], completion.text)
+            formatted, correct = score_response(rollout.examples[index], completion.text, completion.env_reward)
             rows.append(
                 {"step": step, "prompt": rollout.examples[index].prompt, "response": completion.text}
                 | {"formatted": formatted, "correct": correct, "truncated": completion.truncated}

@@ -57,6 +57,11 @@ class Completion:
         """The tokens the model sampled: an episode's turns without its observations."""
         return len(self.token_ids) if self.mask is None else sum(self.mask)
 
+    @property
+    def env_reward(self) -> float | None:
+        """An episode's environment reward, which a task grading episodes scores it with; None for a completion."""
+        return None if self.episode is None else self.episode.env_reward
+
 
 def truncated_rate(completions: list[Completion]) -> float:
     """The share of ``completions`` cut off at ``max_new_tokens`` before their stop token."""

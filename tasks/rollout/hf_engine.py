@@ -1,5 +1,6 @@
 """The Hugging Face rollout engine: a sampling loop over a transformers model and its KV cache."""
 
+from operator import attrgetter
 from pathlib import Path
 
 import torch
@@ -12,6 +13,7 @@ from tasks.common.config import Params
 from tasks.data.datasets import check_prompt_lengths
 from tasks.data.problems import Example
 from tasks.data.prompts import PromptFormat, stop_token_ids
+from tasks.kinds import prompt_limit_key
 from tasks.rollout.decoding import CompiledDecoder, CompiledSteps, EagerDecoder, compiled_decoding
 from tasks.rollout.engine import Completion, Sampling
 
@@ -153,7 +155,7 @@ def policy_engine(
     cfg = getattr(params, section)
     new_tokens = (f"{section}.max_new_tokens", cfg.max_new_tokens)
     tokenizer, prompt_format = load_tokenizer(model_dir), PromptFormat.of(params.task)
-    positions, limit = context_length(model_dir), params.sft.max_prompt_length
+    positions, limit = context_length(model_dir), attrgetter(prompt_limit_key(section))(params)
     for source, examples in prompts.items():
         check_prompt_lengths(examples, tokenizer, prompt_format, source, limit, positions, new_tokens)
     model = load_policy(model_dir, resolve_device(params.device), compute_dtype(cfg.precision))

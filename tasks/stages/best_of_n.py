@@ -40,7 +40,9 @@ def run(stage: StageRun) -> None:
     # the ensemble combined and scored as PPO does (kinds.yaml declares the keys)
     reward_model = RewardWorker(params, params.ppo, member_dirs(stage.inputs["reward_model"]), policy)
     proxy = reward_model.score([examples[c.prompt_index].prompt for c in sampled], sampled).view(-1, cfg.max_n)
-    gold = torch.tensor([gold_utility(examples[c.prompt_index], c.text) for c in sampled]).view(-1, cfg.max_n)
+    gold = torch.tensor([gold_utility(examples[c.prompt_index], c.text, c.env_reward) for c in sampled]).view(
+        -1, cfg.max_n
+    )
     rows = best_of_n_curve(proxy, gold, best_of_n_sizes(cfg.n, cfg.max_n))
     random, (headline,) = rows[0]["gold"], [row for row in rows if row["n"] == cfg.n]
     gain, oracle_gain = headline["gold"] - random, headline["oracle"] - random

@@ -32,17 +32,17 @@ def greedy_responses(
 ) -> tuple[list[Completion], torch.Tensor]:
     """The greedy completion of each example and its (formatted, correct) verdict, a row per example."""
     greedy = engine.generate([e.prompt for e in examples], Sampling(max_new_tokens, greedy=True))
-    return greedy, torch.tensor([score_response(examples[c.prompt_index], c.text) for c in greedy])
+    return greedy, torch.tensor([score_response(examples[c.prompt_index], c.text, c.env_reward) for c in greedy])
 
 
 def graded(
-    examples: list[Example], greedy: list[tuple[int, str, int, bool]], sampled: list[tuple[int, str]], k: int
+    examples: list[Example], greedy: list[Completion], sampled: list[Completion], k: int
 ) -> tuple[dict[str, float], torch.Tensor]:
-    """The held-out metrics of greedy responses (prompt index, text, tokens, truncated) and ``k`` sampled ones per
-    prompt (prompt index, text), whether single completions or episodes' final turns, and the greedy verdicts."""
-    greedy_scores = torch.tensor([score_response(examples[index], text) for index, text, *_ in greedy])
-    gold = [gold_utility(examples[index], text) for index, text in sampled]
-    sampled_correct = torch.tensor([score_response(examples[index], text)[1] for index, text in sampled])
+    """The held-out metrics of greedy completions and ``k`` sampled ones per prompt, whether single completions or
+    episodes (graded on their final turns), and the greedy verdicts."""
+    greedy_scores = torch.tensor([score_response(examples[c.prompt_index], c.text, c.env_reward) for c in greedy])
+    gold = [gold_utility(examples[c.prompt_index], c.text, c.env_reward) for c in sampled]
+    sampled_correct = torch.tensor([score_response(examples[c.prompt_index], c.text, c.env_reward)[1] for c in sampled])
     correct_per_prompt = sampled_correct.view(len(examples), k).sum(-1)
     metrics = {
         "pass@1": greedy_scores[:, 1].float().mean().item(),
@@ -50,8 +50,8 @@ def graded(
         "sample_accuracy": sampled_correct.float().mean().item(),
         "gold_reward": sum(gold) / len(gold),
         "format_rate": greedy_scores[:, 0].float().mean().item(),
-        "response_length": sum(length for *_, length, _ in greedy) / len(greedy),
-        "truncated_rate": sum(truncated for *_, truncated in greedy) / len(greedy),
+        "response_length": sum(c.model_tokens for c in greedy) / len(greedy),
+        "truncated_rate": sum(c.truncated for c in greedy) / len(greedy),
     }
     return metrics, greedy_scores
 
@@ -61,12 +61,7 @@ def evaluate(engine: RolloutEngine, examples: list[Example], cfg: EvalConfig) ->
     prompts = [e.prompt for e in examples]
     greedy = engine.generate(prompts, Sampling(cfg.max_new_tokens, greedy=True))
     sampled = engine.generate(prompts, Sampling(cfg.max_new_tokens, n=cfg.k, temperature=cfg.temperature))
-    metrics, greedy_scores = graded(
-        examples,
-        [(c.prompt_index, c.text, len(c.token_ids), c.truncated) for c in greedy],
-        [(c.prompt_index, c.text) for c in sampled],
-        cfg.k,
-    )
+    metrics, greedy_scores = graded(examples, greedy, sampled, cfg.k)
     rows = [
         {"prompt": prompts[c.prompt_index], "response": c.text, "formatted": bool(f), "correct": bool(ok)}
         for c, (f, ok) in zip(greedy, greedy_scores.tolist(), strict=True)
@@ -86,10 +81,7 @@ def evaluate_episodes(
     sampling = Sampling(cfg.max_new_tokens, n=cfg.k, temperature=cfg.temperature)
     sampled = play(engine, examples, module, sampling, agent, max_total_tokens)
     metrics, greedy_scores = graded(
-        examples,
-        [(e.prompt_index, e.final_text, sum(e.mask), e.truncated) for e in greedy],
-        [(e.prompt_index, e.final_text) for e in sampled],
-        cfg.k,
+        examples, [e.completion() for e in greedy], [e.completion() for e in sampled], cfg.k
     )
     for name in ("turns", "tool_calls", "tool_errors", "env_reward"):
         metrics[name] = sum(getattr(e, name) for e in greedy) / len(greedy)

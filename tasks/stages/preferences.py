@@ -31,7 +31,7 @@ def judged_pairs(
     pairs = []
     for index, example in enumerate(examples):
         group = completions[index * cfg.samples_per_prompt : (index + 1) * cfg.samples_per_prompt]
-        scored = [(c.text, gold_utility(example, c.text)) for c in group]
+        scored = [(c.text, gold_utility(example, c.text, c.env_reward)) for c in group]
         for (text_a, utility_a), (text_b, utility_b) in itertools.combinations(scored, 2):
             if utility_a == utility_b or not text_a.strip() or not text_b.strip():
                 continue  # the judge has no preference, or a response is empty

@@ -25,13 +25,23 @@ Ranker = Callable[[Example, list[str]], list[float]]
 
 
 def accepted(
-    example: Example, responses: list[str], max_per_prompt: int, rank: Ranker | None = None, top_by_rank: int = 1
+    example: Example,
+    responses: list[str],
+    max_per_prompt: int,
+    rank: Ranker | None = None,
+    top_by_rank: int = 1,
+    env_rewards: list[float | None] | None = None,
 ) -> list[str]:
     """The responses to keep for one prompt: verified ones (or the ``top_by_rank`` best by ``rank`` for a task
-    without a verifier), distinct, at most ``max_per_prompt``, in sampling order."""
-    distinct = list(dict.fromkeys(r for r in responses if r.strip()))
+    without a verifier), distinct, at most ``max_per_prompt``, in sampling order. ``env_rewards``: each response's
+    episode reward, for a task that grades episodes (a response is judged with the first episode that ended in it)."""
+    first: dict[str, float | None] = {}
+    for response, env_reward in zip(responses, env_rewards or [None] * len(responses), strict=True):
+        if response.strip():
+            first.setdefault(response, env_reward)
+    distinct = list(first)
     if has_verifier(example):
-        return [r for r in distinct if score_response(example, r) == (True, True)][:max_per_prompt]
+        return [r for r in distinct if score_response(example, r, first[r]) == (True, True)][:max_per_prompt]
     if rank is None:
         raise ValueError(f"task {example.task!r} has no verifier, and nothing ranks its responses")
     scores = rank(example, distinct)
@@ -41,15 +51,15 @@ def accepted(
 
 def _sampled(
     params: Params, engine: RolloutEngine, policy: Path, prompts: list[Example], sampling: Sampling
-) -> list[tuple[str, list[dict[str, str]] | None]]:
+) -> list[tuple[str, list[dict[str, str]] | None, float | None]]:
     """Each sampled response, grouped by prompt: its text (an episode's final turn, for a task with tools or an
-    environment) and, for an episode, the turns that led to it."""
+    environment) and, for an episode, the turns that led to it and its environment reward."""
     module = task_module(prompts[0].task)
     if not is_agent_task(module):
-        return [(c.text, None) for c in engine.generate([e.prompt for e in prompts], sampling)]
+        return [(c.text, None, None) for c in engine.generate([e.prompt for e in prompts], sampling)]
     max_total_tokens = params.agent.max_total_tokens or context_length(policy)
     episodes = play(engine, prompts, module, sampling, params.agent, max_total_tokens)
-    return [(e.final_text, trace(e, engine, prompts[e.prompt_index].prompt)) for e in episodes]
+    return [(e.final_text, trace(e, engine, prompts[e.prompt_index].prompt), e.env_reward) for e in episodes]
 
 
 def sample_and_verify(
@@ -73,14 +83,14 @@ def sample_and_verify(
     sampled, verified = defaultdict(int), defaultdict(int)
     for index, example in enumerate(prompts):
         sampled_here = responses[index * cfg.samples_per_prompt : (index + 1) * cfg.samples_per_prompt]
-        group, traces = [text for text, _ in sampled_here], {}
-        for text, turns in sampled_here:
+        group, env_rewards, traces = [text for text, *_ in sampled_here], [env for *_, env in sampled_here], {}
+        for text, turns, _ in sampled_here:
             traces.setdefault(text, turns)  # the first episode that ended in this response
         if has_verifier(example):
             label = difficulty_label(example)
             sampled[label] += len(group)
-            verified[label] += sum(score_response(example, text) == (True, True) for text in group)
-        for response in accepted(example, group, cfg.max_per_prompt, rank, top_by_rank):
+            verified[label] += sum(score_response(example, t, env) == (True, True) for t, _, env in sampled_here)
+        for response in accepted(example, group, cfg.max_per_prompt, rank, top_by_rank, env_rewards):
             # an accepted episode's turns become the next SFT's worked trace
             meta = example.meta if traces[response] is None else {**example.meta, "turns": traces[response]}
             kept.append(Example(example.task, example.prompt, example.answer, response, meta))

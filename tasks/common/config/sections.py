@@ -52,17 +52,30 @@ class ReasoningGymConfig:
 
 
 @schema_section
+class TextArenaConfig:
+    game: str = param(
+        "GuessTheNumber-v0",
+        "The single-player TextArena game, by its id (GuessTheNumber-v0, TowerOfHanoi-v0, Mastermind-v0, ...; "
+        "docs/agents.md lists those that run offline). Each row is one game seeded from the data stage's seed.",
+        min_length=1,
+    )
+
+
+@schema_section
 class TaskConfig:
     name: str = param(
         "countdown",
-        "The task: a built-in problem family (arithmetic, countdown, reasoning_gym) or a module of your own by its "
-        "import path from the project directory (examples.word_problems; docs/tasks.md).",
+        "The task: a built-in problem family (arithmetic, countdown, reasoning_gym, textarena) or a module of your "
+        "own by its import path from the project directory (examples.word_problems; docs/tasks.md).",
         pattern=TASK_MODULE_PATTERN,
     )
     arithmetic: ArithmeticConfig = section(ArithmeticConfig, "Settings of the arithmetic family.")
     countdown: CountdownConfig = section(CountdownConfig, "Settings of the countdown family.")
     reasoning_gym: ReasoningGymConfig = section(
         ReasoningGymConfig, "Settings of the reasoning_gym family: reasoning-gym's generated datasets as a task."
+    )
+    textarena: TextArenaConfig = section(
+        TextArenaConfig, "Settings of the textarena family: a single-player TextArena game as an agent task."
     )
     chat_template: Annotated[str, OneOf(CHAT_TEMPLATE_MODES)] = param(
         "auto",

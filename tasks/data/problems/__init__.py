@@ -26,13 +26,14 @@ or ``generate`` built it (one re-exported from another task), so the declared ta
 
 import functools
 import importlib
+import inspect
 import numbers
 from types import ModuleType
 
 import numpy
 
 from tasks.common.project_path import project_first_on_path
-from tasks.data.problems import arithmetic, countdown, reasoning_gym_family
+from tasks.data.problems import arithmetic, countdown, reasoning_gym_family, textarena_family
 from tasks.data.problems.example import Example, parse_response, trace_turns
 
 # Imported here, not by name: dvc.yaml's code deps are read from the imports, and a verifier is every stage's code.
@@ -40,14 +41,17 @@ BUILT_IN: dict[str, ModuleType] = {
     "arithmetic": arithmetic,
     "countdown": countdown,
     "reasoning_gym": reasoning_gym_family,
+    "textarena": textarena_family,
 }
 REQUIRED = ("difficulty",)
+ENV_REWARD_ARGUMENT = "env_reward"  # a score's parameter for the episode's environment reward (grades_episodes)
 
 __all__ = [
     "BUILT_IN",
     "Example",
     "TaskError",
     "difficulty_label",
+    "grades_episodes",
     "has_verifier",
     "parse_response",
     "score_credit",
@@ -99,21 +103,37 @@ def has_verifier(example: Example) -> bool:
     return callable(getattr(task_module(example.task), "score", None))
 
 
-def score_response(example: Example, response: str) -> tuple[bool, bool]:
+def score_response(example: Example, response: str, env_reward: float | None = None) -> tuple[bool, bool]:
     """(well_formatted, correct) of a model's response to ``example``, by its task's verifier: the one call every
     stage grades through (``score_credit``); correct is full credit."""
-    well_formatted, credit = score_credit(example, response)
+    well_formatted, credit = score_credit(example, response, env_reward)
     return well_formatted, credit == 1.0
 
 
-def score_credit(example: Example, response: str) -> tuple[bool, float]:
+def grades_episodes(module: ModuleType) -> bool:
+    """Whether the task's ``score`` grades a whole episode: it takes ``env_reward``, the sum of the world's rewards
+    in the episode the response ended (a game is won by every move, not the last alone)."""
+    score = getattr(module, "score", None)
+    return callable(score) and ENV_REWARD_ARGUMENT in inspect.signature(score).parameters
+
+
+def score_credit(example: Example, response: str, env_reward: float | None = None) -> tuple[bool, float]:
     """(well_formatted, credit) of a model's response to ``example``: its task's ``score``, whose second value is a
-    truth value or a credit in [0, 1] (reasoning-gym's scores; the accuracy reward). TaskError naming the task,
-    ``score()`` and the example when the verifier raises or returns anything else: a NaN or a 2.0 would otherwise
-    become a metric or a reward."""
-    score = task_module(example.task).score
+    truth value or a credit in [0, 1] (reasoning-gym's scores; the accuracy reward). ``env_reward``: the episode's,
+    for a task whose score grades episodes (``grades_episodes``); TaskError when such a task's response comes
+    without one. TaskError naming the task, ``score()`` and the example when the verifier raises or returns
+    anything else: a NaN or a 2.0 would otherwise become a metric or a reward."""
+    module = task_module(example.task)
+    by_episode = grades_episodes(module)
+    if by_episode and env_reward is None:
+        raise TaskError(
+            f"{example.task}.score() grades a whole episode (it takes {ENV_REWARD_ARGUMENT}), but this stage graded "
+            f"a response alone: {_quoted(response)} to the prompt {_quoted(example.prompt)}"
+        )
     try:
-        verdict = score(example, response)
+        verdict = (
+            module.score(example, response, env_reward=env_reward) if by_episode else module.score(example, response)
+        )
     except Exception as error:  # the verifier's own bug, or model text it cannot read: the task's to fix, said so
         raise TaskError(_blame(example, response, f"raised {type(error).__name__}: {error}")) from error
     pair = (
