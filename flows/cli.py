@@ -105,8 +105,8 @@ def _parser() -> argparse.ArgumentParser:
         help="serve one Prefect deployment per pipeline (UI-triggered and scheduled runs)",
         description="Register a deployment per pipeline with the Prefect server at PREFECT_API_URL and run "
         "what it schedules: runs triggered from the UI's parameter form, and cron schedules from "
-        "runner.schedules in params.yaml. Runs of a deployment are queued one at a time. Ctrl-C or SIGTERM "
-        "stops it within seconds (status 0), pausing its deployments if the server answers.",
+        "runner.schedules in params.yaml. Runs of a deployment are queued one at a time. Ctrl-C, SIGTERM or "
+        "SIGHUP stops it within seconds (status 0), pausing its deployments if the server answers.",
     )
 
     retrain = commands.add_parser(

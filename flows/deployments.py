@@ -19,10 +19,10 @@ flow's own lock queues runs started from the CLI in its own process). Runs arriv
 A run is cancelled as a runner cancels one: its stages' Ray tasks are cancelled at once (which kills their
 processes), and the flow stops where it next waits, ending Cancelled; this process goes on to the next run.
 
-SIGINT (Ctrl-C) or SIGTERM stops it with status 0: it cancels the run it is executing and those submitted from the
-CLI that wait, pauses its deployments' schedules (so a stopped serve does not pile up late runs), leaves Ray and
-exits. The pause needs the Prefect server, whose client retries for minutes when the server is gone: past
-``STOP_SECONDS`` the pause is given up and the process exits all the same.
+SIGINT (Ctrl-C), SIGTERM or SIGHUP (its terminal closed) stops it with status 0: it cancels the run it is executing
+and those submitted from the CLI that wait, pauses its deployments' schedules (so a stopped serve does not pile up
+late runs), leaves Ray and exits. The pause needs the Prefect server, whose client retries for minutes when the
+server is gone: past ``STOP_SECONDS`` the pause is given up and the process exits all the same.
 """
 
 import logging
@@ -429,6 +429,7 @@ def serve_pipelines(params: Params) -> None:
     local Ray started here once, so a run does not pay Ray's start-up and shutdown.
     """
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGHUP, _interrupt)
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # `alignflow serve &` in a script ignores Ctrl-C
         signal.signal(signal.SIGINT, _interrupt)
     runner = None

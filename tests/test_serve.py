@@ -59,6 +59,12 @@ def test_sigterm_stops_serve_which_pauses_its_deployments(prefect_env, tmp_path)
     assert all(d["paused"] for d in deployments(prefect_env))
 
 
+def test_sighup_stops_serve_as_sigterm_does(prefect_env, tmp_path):
+    """A closed terminal (SIGHUP) ends serve as SIGTERM does: within seconds, status 0, nothing left running."""
+    with serving(make_project(tmp_path / "project"), prefect_env, tmp_path / "serve.log") as serve:
+        _stops_in_time(serve, signal.SIGHUP, tmp_path / "serve.log")
+
+
 def _stop_server(env: dict[str, str]) -> None:
     port = env["PREFECT_API_URL"].split(":")[-1].split("/")[0]
     (server,) = [p for p in psutil.process_iter(["cmdline"]) if ["--port", port] == (p.info["cmdline"] or [])[-2:]]

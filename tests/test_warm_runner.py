@@ -112,9 +112,11 @@ def _processes_in(project: Path) -> list[int]:
     return found
 
 
-def test_a_stopped_repro_stops_its_stage_says_one_line_and_records_nothing(tmp_path):
-    """SIGTERM to `alignflow repro`'s process group, as `timeout` sends it, reaches the stage the warm runner forked
-    (in a process group of its own) through its session: nothing is left running, nothing recorded, one line."""
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGHUP], ids=lambda how: how.name)
+def test_a_stopped_repro_stops_its_stage_says_one_line_and_records_nothing(tmp_path, how):
+    """SIGTERM to `alignflow repro`'s process group, as `timeout` sends it (or SIGHUP, as a closed terminal does),
+    reaches the stage the warm runner forked (in a process group of its own) through its session: nothing is left
+    running, nothing recorded, one line."""
     project = make_project(tmp_path / "stopped", ("sft.max_steps=100000",))
     log = tmp_path / "stdout"
     with log.open("w") as stdout:
@@ -132,12 +134,12 @@ def test_a_stopped_repro_stops_its_stage_says_one_line_and_records_nothing(tmp_p
             time.sleep(0.2)
         assert "Running stage 'sft'" in log.read_text(), log.read_text()
         time.sleep(5)  # into its steps
-        os.killpg(command.pid, signal.SIGTERM)
+        os.killpg(command.pid, how)
         _, stderr = command.communicate(timeout=60)
-    assert command.returncode == -signal.SIGTERM
+    assert command.returncode == -how
     deadline = time.monotonic() + 30
     while _processes_in(project) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _processes_in(project) == [], "a process of the stopped repro outlived it"
-    assert "Traceback" not in stderr and stderr.count("alignflow: stopped by SIGTERM (repro sft)") == 1, stderr
+    assert "Traceback" not in stderr and stderr.count(f"alignflow: stopped by {how.name} (repro sft)") == 1, stderr
     assert "sft" not in lock_entries(project) and not (project / "artifacts/sft").exists()
