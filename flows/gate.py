@@ -10,7 +10,8 @@ from pathlib import Path
 import dvc.api
 
 from tasks.common.artifacts import stage_dir
-from tasks.common.config import GUARD_DIRECTIONS, Params, RetrainConfig
+from tasks.common.config import Params, RetrainConfig
+from tasks.common.config.operations import guard_direction
 from tasks.kinds import stage_kinds
 from tasks.stages.eval import evaluate_model
 
@@ -24,11 +25,12 @@ def decide(candidate: dict[str, float], champion: dict[str, float] | None, cfg: 
     for metric, tolerance in cfg.guards.items():
         if metric not in candidate or metric not in champion:
             raise ValueError(f"retrain.guards.{metric}: the evaluation reports no {metric} for this pipeline's model")
+        direction = guard_direction(cfg, metric)
         worse = champion[metric] - candidate[metric]
-        if GUARD_DIRECTIONS[metric] == "lower":
+        if direction == "lower":
             worse = -worse
         if worse > tolerance:
-            moved = "fell" if GUARD_DIRECTIONS[metric] == "higher" else "rose"
+            moved = "fell" if direction == "higher" else "rose"
             regressed.append(f"{metric} {moved} {worse:.4f} (tolerance {tolerance})")
     if regressed:
         return False, "guard regressed: " + "; ".join(regressed)

@@ -55,6 +55,40 @@ def test_a_guard_on_a_metric_the_evaluation_lacks_is_an_error_naming_it():
         decide({"pass@1": 0.6}, {"pass@1": 0.5}, cfg)
 
 
+@pytest.mark.parametrize("better", ["lower", "higher"])
+def test_a_guard_on_any_metric_the_eval_reports_follows_the_direction_params_give(better):
+    """An agent evaluation's turns (a metric the gate does not know) guarded with its direction from params."""
+    cfg = RetrainConfig(guards={"turns": 0.5}, directions={"turns": better})
+    champion = {"pass@1": 0.50, "turns": 2.0}
+    more_turns, fewer_turns = {"pass@1": 0.60, "turns": 3.0}, {"pass@1": 0.60, "turns": 1.0}
+    regressed, held = (more_turns, fewer_turns) if better == "lower" else (fewer_turns, more_turns)
+    moved = "rose" if better == "lower" else "fell"
+    assert decide(regressed, champion, cfg) == (False, f"guard regressed: turns {moved} 1.0000 (tolerance 0.5)")
+    assert decide(held, champion, cfg)[0]
+    # env_reward, which agent_eval reports, is known: higher is better
+    assert not decide(
+        {"pass@1": 0.6, "env_reward": 0.1},
+        {"pass@1": 0.5, "env_reward": 0.5},
+        RetrainConfig(guards={"env_reward": 0.2}),
+    )[0]
+
+
+def test_a_guard_of_unknown_direction_is_refused_naming_where_to_say_it(tmp_path):
+    from tasks.params.load import load_params
+    from tests.conftest import REPO
+
+    with pytest.raises(
+        ConfigError,
+        match=r"retrain.guards.turns: the gate does not know which way turns is better; "
+        r"say it in retrain.directions.turns",
+    ):
+        load_params(REPO / "params.yaml", ["retrain.guards.turns=0.5"])
+    with pytest.raises(ConfigError, match="retrain.directions.turns: higher or lower"):
+        load_params(REPO / "params.yaml", ["retrain.guards.turns=0.5", "retrain.directions.turns=down"])
+    params = load_params(REPO / "params.yaml", ["retrain.guards.turns=0.5", "retrain.directions.turns=lower"])
+    assert params.retrain.guards["turns"] == 0.5 and params.retrain.directions == {"turns": "lower"}
+
+
 def test_the_gate_says_why():
     cfg = RetrainConfig(metric="pass@1", margin=0.02, guards={"format_rate": 0.05})
     champion = {"pass@1": 0.50, "format_rate": 0.99}

@@ -16,6 +16,7 @@ from dvc.config_schema import REMOTE_SCHEMAS
 
 from tasks.common.config import GUARD_DIRECTIONS, Params
 from tasks.common.config.fields import schema_fields
+from tasks.common.config.operations import guard_direction
 
 
 def operations_errors(params: Params) -> Iterator[str]:
@@ -42,9 +43,16 @@ def operations_errors(params: Params) -> Iterator[str]:
                 yield f"{key}: a resource needs a name, got {resource!r}"
             elif not (math.isfinite(amount) and amount > 0):
                 yield f"{key}.{resource}: an amount of a Ray resource must be a finite number > 0, got {amount}"
-    for metric, tolerance in params.retrain.guards.items():
-        if metric not in GUARD_DIRECTIONS:
-            yield f"retrain.guards.{metric}: not a metric the eval reports (one of {', '.join(GUARD_DIRECTIONS)})"
+    retrain = params.retrain
+    for metric, direction in retrain.directions.items():
+        if direction not in ("higher", "lower"):
+            yield f"retrain.directions.{metric}: higher or lower (which way the metric is better), got {direction!r}"
+    for metric, tolerance in retrain.guards.items():
+        if guard_direction(retrain, metric) is None:
+            yield (
+                f"retrain.guards.{metric}: the gate does not know which way {metric} is better; say it in "
+                f"retrain.directions.{metric} (higher or lower), or guard one of {', '.join(GUARD_DIRECTIONS)}"
+            )
         elif not (math.isfinite(tolerance) and tolerance >= 0):
             yield f"retrain.guards.{metric}: a tolerance must be a finite number >= 0, got {tolerance}"
     yield from _remote_errors(params.remote.url, params.remote.endpoint_url)

@@ -11,7 +11,7 @@ from tasks.common.config.sections import StageResources
 GATE_METRICS = ("pass@1", "pass@k", "sample_accuracy", "gold_reward", "format_rate")
 # Every metric eval@<model> (or agent_eval) reports that has a better direction: what retrain.guards may name.
 GUARD_DIRECTIONS = {
-    **dict.fromkeys(GATE_METRICS, "higher"),
+    **dict.fromkeys((*GATE_METRICS, "env_reward"), "higher"),
     **dict.fromkeys(("response_length", "truncated_rate", "tool_errors", "max_turns_rate"), "lower"),
 }
 
@@ -60,7 +60,12 @@ class RetrainConfig:
         "Metrics that must not regress: metric -> the most the candidate may be worse than the champion, in the "
         "metric's units (a rate's fraction, response_length's tokens); worse is lower for "
         f"{', '.join(m for m, d in GUARD_DIRECTIONS.items() if d == 'higher')} and higher for "
-        f"{', '.join(m for m, d in GUARD_DIRECTIONS.items() if d == 'lower')}.",
+        f"{', '.join(m for m, d in GUARD_DIRECTIONS.items() if d == 'lower')}; any other metric the eval reports "
+        "(turns, a task's own) with its direction in retrain.directions.",
+    )
+    directions: dict[str, str] = mapping(
+        dict,
+        "The better direction, higher or lower, of each guarded metric the gate does not know: {turns: lower}.",
     )
     quarantine: str | None = param(
         "data/quarantine",
@@ -114,3 +119,9 @@ class OperationsSections:
     retrain: RetrainConfig = section(RetrainConfig, "Scheduled retraining: the gate between candidate and champion.")
     remote: RemoteConfig = section(RemoteConfig, "Where artifacts live beyond this disk: a DVC remote.")
     tracking: TrackingConfig = section(TrackingConfig, "Trackers beside DVCLive: MLflow, TensorBoard.")
+
+
+def guard_direction(cfg: RetrainConfig, metric: str) -> str | None:
+    """Which way ``metric`` is better for the gate's guards (``retrain.directions``, else the known metrics'); None
+    for a metric of unknown direction."""
+    return cfg.directions.get(metric, GUARD_DIRECTIONS.get(metric))
