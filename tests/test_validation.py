@@ -68,7 +68,7 @@ MALFORMED_CONFIGS = [
     (["retrain.metric=accuracy"], "retrain.metric: must be one of pass@1, pass@k"),
     (["retrain.metric=response_length"], "retrain.metric: must be one of"),
     (["retrain.margin=-0.01"], "retrain.margin: must be >= 0"),
-    (["retrain.guards={bleu: 0.1}"], "retrain.guards.bleu: not a metric the eval reports"),
+    (["retrain.guards={bleu: 0.1}"], "retrain.guards.bleu: the gate does not know which way bleu is better; say it"),
     (["retrain.guards={format_rate: -0.1}"], "retrain.guards.format_rate: a tolerance must be a finite number >= 0"),
     (["retrain.quarantine=/tmp/q"], "retrain.quarantine: must be under data/"),
     (["data.train_file=data", "retrain.quarantine=data"], "retrain.quarantine: 'data' is within data.train_file"),
