@@ -109,7 +109,8 @@ def _sigint_as_in_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def test_ctrl_c_stops_the_stage_running_on_ray(prefect_env, tmp_path):
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda how: how.name)
+def test_ctrl_c_sigterm_or_sighup_stops_the_stage_running_on_ray(prefect_env, tmp_path, how):
     project = make_project(tmp_path, ("sft.max_steps=100000",))
     flow = subprocess.Popen(
         ["alignflow", "run", "sft"],
@@ -121,7 +122,7 @@ def test_ctrl_c_stops_the_stage_running_on_ray(prefect_env, tmp_path):
     )
     _wait_until(lambda: _stage_process(project, "sft") or flow.poll() is not None, 600, "the sft stage to start")
     stage = _stage_process(project, "sft")
-    flow.send_signal(signal.SIGINT)
+    flow.send_signal(how)
     gone, alive = psutil.wait_procs([stage], timeout=60)
     assert gone and not alive, "the stage process outlived the interrupted flow"
     assert flow.wait(timeout=120) != 0
