@@ -69,19 +69,19 @@ def test_a_changed_prompt_is_not_the_game_its_meta_names():
     assert "is not the opening" in textarena.mismatch(replace(game, prompt=game.prompt.replace("20", "30")))
 
 
-def _load(tmp_path, *overrides):
+def _load(*overrides):
     from tasks.params.load import load_params
 
     return load_params(REPO / "params.yaml", ["agent_data.task=textarena", *overrides], runs=["agent"])
 
 
-def test_a_game_textarena_lacks_or_that_cannot_play_here_is_refused_before_any_stage(tmp_path):
-    assert _load(tmp_path).task.textarena.game == GAME
+def test_a_game_textarena_lacks_or_that_cannot_play_here_is_refused_before_any_stage():
+    assert _load().task.textarena.game == GAME
     with pytest.raises(ConfigError, match=r"task.textarena.game: 'GuessTheNumbr-v0' is not a TextArena game \(did"):
-        _load(tmp_path, "task.textarena.game=GuessTheNumbr-v0")
+        _load("task.textarena.game=GuessTheNumbr-v0")
     # Wordle reads nltk's word list, which it would download: it cannot run offline
     with pytest.raises(ConfigError, match="task.textarena.game: 'Wordle-v0' does not play here single-player and"):
-        _load(tmp_path, "task.textarena.game=Wordle-v0")
+        _load("task.textarena.game=Wordle-v0")
 
 
 @pytest.mark.slow

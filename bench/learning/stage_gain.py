@@ -6,18 +6,16 @@ difference on the same problems.
 """
 
 import argparse
-import json
 import math
 from pathlib import Path
 
 from bench.harness import paired_gap
+from bench.learning.real_model_pipelines import greedy_rows
 
 
 def verdicts(project: Path, evaluation: str, model: str) -> dict[str, bool]:
-    """Each held-out prompt's greedy verdict (greedy.jsonl, or an agent task's episodes.jsonl)."""
-    folder = project / "artifacts" / evaluation / model
-    path = folder / "greedy.jsonl" if (folder / "greedy.jsonl").exists() else folder / "episodes.jsonl"
-    return {row["prompt"]: bool(row["correct"]) for row in map(json.loads, path.read_text().splitlines())}
+    """Each held-out prompt's greedy verdict."""
+    return {row["prompt"]: bool(row["correct"]) for row in greedy_rows(project, evaluation, model)}
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ class PromptFormatError(ValueError):
 
 @dataclass(frozen=True)
 class PromptFormat:
-    chat_template: str  # one of CHAT_TEMPLATE_MODES (tasks/common/config/sections.py)
+    chat_template: str  # one of CHAT_TEMPLATE_MODES (tasks/common/config/task.py)
     system_prompt: str | None  # None: the template's own default, if it has one
 
     @classmethod

@@ -36,10 +36,8 @@ from tasks.common.config.rl import (
 from tasks.common.config.sections import (
     SEED_MAX,
     AgentConfig,
-    ArithmeticConfig,
     BaseConfig,
     BestOfNConfig,
-    CountdownConfig,
     DataConfig,
     DPOConfig,
     EvalConfig,
@@ -56,8 +54,8 @@ from tasks.common.config.sections import (
     SFTTrainingConfig,
     StageResources,
     SupervisedSections,
-    TaskConfig,
 )
+from tasks.common.config.task import ArithmeticConfig, CountdownConfig, TaskConfig
 
 
 @schema_section

@@ -11,13 +11,13 @@ from __future__ import annotations
 from tasks.common.config.fields import param, schema_section, section
 from tasks.common.config.rl import GRPO, RLConfig
 from tasks.common.config.sections import (
-    TASK_MODULE_PATTERN,
     AgentConfig,
     BaseConfig,
     DataConfig,
     EvalConfig,
     SFTConfig,
 )
+from tasks.common.config.task import TASK_MODULE_PATTERN
 
 
 @schema_section

@@ -110,6 +110,7 @@ def score_response(example: Example, response: str, env_reward: float | None = N
     return well_formatted, credit == 1.0
 
 
+@functools.cache  # every score goes through it: a signature is read once a task
 def grades_episodes(module: ModuleType) -> bool:
     """Whether the task's ``score`` grades a whole episode: it takes ``env_reward``, the sum of the world's rewards
     in the episode the response ended (a game is won by every move, not the last alone)."""

@@ -91,6 +91,12 @@ def prompt(seed: int, opening: str) -> str:
     return f"Game {seed}:\n{opening}"
 
 
+@functools.lru_cache(maxsize=4096)
+def opening_prompt(game: str, seed: int) -> str:
+    """The prompt of ``game``'s game of ``seed``: every stage reads (and checks) its rows, so each game is made once."""
+    return prompt(seed, Game(game, seed).opening)
+
+
 def guess_the_number(game: Game) -> str:
     """GuessTheNumber's solver: binary search over the range the game states, narrowed by the hints it gave."""
     low, high = game.env.min_number, game.env.max_number
@@ -146,9 +152,7 @@ def mismatch(example: Example) -> str | None:
     """Why a row is not the game its meta names (its prompt is that seed's opening)."""
     if not {"game", "seed"} <= set(example.meta):
         return "a textarena row's meta must hold its game and seed"
-    if example.prompt != prompt(
-        int(example.meta["seed"]), Game(example.meta["game"], int(example.meta["seed"])).opening
-    ):
+    if example.prompt != opening_prompt(example.meta["game"], int(example.meta["seed"])):
         return f"the prompt is not the opening of {example.meta['game']}'s game of seed {example.meta['seed']}"
     return None
 
