@@ -20,9 +20,10 @@ A run is cancelled as a runner cancels one: its stages' Ray tasks are cancelled 
 processes), and the flow stops where it next waits, ending Cancelled; this process goes on to the next run.
 
 SIGINT (Ctrl-C), SIGTERM or SIGHUP (its terminal closed) stops it with status 0: it cancels the run it is executing
-and those submitted from the CLI that wait, pauses its deployments' schedules (so a stopped serve does not pile up
-late runs), leaves Ray and exits. The pause needs the Prefect server, whose client retries for minutes when the
-server is gone: past ``STOP_SECONDS`` the pause is given up and the process exits all the same.
+and those submitted from the CLI that wait, pauses the deployments that have a schedule (so a stopped serve does not
+pile up late runs), leaves Ray and exits. The pause needs the Prefect server, whose client retries for minutes when
+the server is gone: once the server has not answered for ``STOP_SECONDS`` the pause is given up and the process
+exits all the same.
 """
 
 import logging
@@ -86,13 +87,32 @@ def _give_up() -> None:
     os._exit(0)  # the main thread is stuck in the client's retries: only leaving the process ends them
 
 
-_deadline = threading.Timer(STOP_SECONDS, _give_up)
-_deadline.daemon = True
+class _ServerDeadline:
+    """Gives up (``_give_up``) once the Prefect server has not answered for STOP_SECONDS: a deadline per request,
+    so a slow server that answers each pause in turn is waited for, and one that is gone is not."""
+
+    def __init__(self) -> None:
+        self._timer: threading.Timer | None = None
+        self._lock = threading.Lock()
+
+    def arm(self, *, restart: bool = False) -> None:
+        """Start the deadline; ``restart``: start it afresh (the server has just answered)."""
+        with self._lock:
+            if self._timer is not None and not restart:
+                return
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = threading.Timer(STOP_SECONDS, _give_up)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
 
 
-def _stop_within_deadline() -> None:
-    if not _deadline.is_alive() and not _deadline.finished.is_set():
-        _deadline.start()
+_deadline = _ServerDeadline()
 
 
 _stopping = threading.Event()
@@ -100,7 +120,7 @@ _stopping = threading.Event()
 
 def _interrupt(signum: int, frame: Any) -> None:
     if _stopping.is_set():  # stopping already (cancelling the run, pausing): a second signal hurries it
-        _stop_within_deadline()
+        _deadline.arm()
         return
     _stopping.set()
     raise KeyboardInterrupt
@@ -176,6 +196,7 @@ class InProcessRunner:
         self.api = threading.Lock()  # one request at a time on the shared client
         self.flows: dict[Any, tuple[str, Flow]] = {}  # deployment id -> (name, flow)
         self.deployment_ids: dict[str, Any] = {}  # deployment name -> id
+        self.scheduled: list[Any] = []  # the deployments with a schedule, which a stop pauses
         self.queue: list[_Job] = []
         self.handled: set[Any] = set()  # flow runs taken off the queue, which a late poll may return still
         self.current: _Job | None = None
@@ -197,6 +218,8 @@ class InProcessRunner:
     def add(self, name: str, flow: Flow, deployment: Any) -> None:
         deployment_id = deployment.apply()
         self.flows[deployment_id], self.deployment_ids[name] = (name, flow), deployment_id
+        if deployment.schedules:
+            self.scheduled.append(deployment_id)
 
     # -- the process's threads
 
@@ -220,8 +243,8 @@ class InProcessRunner:
                 self.current = None
 
     def stop(self) -> None:
-        """Cancel the run executing (its stages stop within CANCEL_SECONDS), then, within STOP_SECONDS, the runs
-        `alignflow run` submitted that wait, and pause the deployments."""
+        """Cancel the run executing (its stages stop within CANCEL_SECONDS), then the runs `alignflow run` submitted
+        that wait, and pause the deployments that have a schedule."""
         self.polling = False  # a poll writes to the server's database, as a pause does: they would wait on each other
         if self.listener is not None:
             try:
@@ -238,12 +261,14 @@ class InProcessRunner:
             deadline = time.monotonic() + CANCEL_SECONDS
             while not job.done and time.monotonic() < deadline:
                 time.sleep(0.1)
-        _stop_within_deadline()
+        _deadline.arm()
         for queued in waiting:
             self._cancel_queued(queued, "alignflow serve stopped")
-        for deployment_id in self.flows:
+            _deadline.arm(restart=True)
+        for deployment_id in self.scheduled:  # a deployment without a schedule starts nothing on its own
             with self.api:
                 self.client.pause_deployment(deployment_id)
+            _deadline.arm(restart=True)
 
     def _next(self) -> _Job:
         with self.changed:
