@@ -269,8 +269,8 @@ def test_the_shops_price_tool_reads_each_rows_hidden_prices_through_the_sandbox_
         assert environment.step(calculator.tool_call("price", {"item": "car"})).observation.startswith(
             "error: no 'car'"
         )
-        assert environment.tool_errors == 0  # the tool's own answer, as a shop would give it
+        assert environment.tool_errors == 1  # the tool's own error observation counts as the host's do
         assert environment.step(calculator.tool_call("price", {"item": "pen", "example": "x"})).observation.startswith(
             "error: "
         )
-        assert environment.tool_errors == 1  # the model may not pass the example: not a declared argument
+        assert environment.tool_errors == 2  # the model may not pass the example: not a declared argument

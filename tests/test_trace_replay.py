@@ -68,6 +68,20 @@ def test_the_same_rows_as_the_tools_answer_them_pass(project):
     assert len(train) == 1
 
 
+def test_a_trace_may_show_a_tools_error_answer_and_the_recovery_from_it(project):
+    from examples.calculator import calculate
+
+    divide = CALL.format(arguments='{"expression": "100/10"}')
+    refused = calculate("100/10")
+    assert refused.startswith("error: ")  # the calculator's own answer: it takes + - * only
+    row = _calculator_row(
+        divide, refused, {"role": "assistant", "content": GOOD_CALL}, {"role": "tool", "content": "1000"}
+    )
+    (project / "data/train.jsonl").write_text(json.dumps(row) + "\n")
+    train, _ = splits(_params("agent_data.train_file=data/train.jsonl", "agent_data.num_test=4"), "agent_data")
+    assert train[0].meta["turns"] == row["meta"]["turns"]
+
+
 def test_a_worlds_recorded_reply_must_be_what_the_world_says(project):
     params = _params("agent_data.task=examples.guess_number", "agent_data.num_train=2", "agent_data.num_test=2")
     train, _ = splits(params, "agent_data")  # generated traces replay as the world answers them

@@ -12,6 +12,8 @@ A task module (docs/tasks.md, docs/agents.md) may define, besides ``score``:
 - ``environment(example) -> Environment``: a world of its own, given each whole model turn (``step``), answering
   with an observation, a reward and whether the episode is over. It should be deterministic given its example and
   the actions it received: a run is then reproducible, and a world lost with its process is rebuilt by replaying.
+  A world may declare ``TOOLS`` too and answer the calls itself: its turns are counted as the tool host's are
+  (``HostedEnvironment``).
 
 Tools and environments run in a sandbox process (``tasks/common/sandbox.py``, as the reward functions do), under
 ``agent.tool_timeout_seconds`` per call and ``agent.tool_output_chars`` per observation: a call that hangs, raises,
@@ -318,12 +320,24 @@ class EnvironmentHost:
         self.close()
 
 
+ERROR_PREFIX = "error:"  # an observation beginning so is an error observation: the turn's call failed
+
+
 class HostedEnvironment:
-    """An ``Environment`` run through the host, counting the tool calls it saw and those that failed."""
+    """An ``Environment`` run through the host, counting the tool calls it saw and the turns that failed, the same
+    way whoever answers them (the tool host or the task's own world): a turn that begins a ``<tool_call>`` is a
+    call; a turn failed when it is a call malformed for the task's ``TOOLS``, when its answer is an error
+    observation (``error: ...``, the host's or the task's own), or when answering it raised."""
 
     def __init__(self, host: EnvironmentHost):
         self.host, self.tool_calls, self.tool_errors = host, 0, 0
         self.failure = ""  # why the episode's world failed, when it did
+
+    def _count(self, action: str, call: tuple[str, dict] | str | None, answer: Step | None) -> None:
+        """Count the turn ``action`` (parsed as ``call``), answered ``answer`` (None: answering it raised)."""
+        self.tool_calls += call is not None or TOOL_CALL_OPEN in action
+        error_observation = answer is not None and (answer.observation or "").startswith(ERROR_PREFIX)
+        self.tool_errors += answer is None or isinstance(call, str) or error_observation
 
 
 class ToolEnvironment(HostedEnvironment):
@@ -339,17 +353,15 @@ class ToolEnvironment(HostedEnvironment):
     def step(self, action: str) -> Step:
         call = parse_tool_call(action, self.host.tools) if self.host.tools else None
         if call is None:
-            return Step(None, done=True)
-        self.tool_calls += 1
-        if isinstance(call, str):
-            self.tool_errors += 1
-            return Step(f"error: {call}")
-        name, arguments = call
-        status, text = self.host.call("tool", name, (arguments, self.example))
-        if status == "error":
-            self.tool_errors += 1
-            return Step(f"error: the tool {call[0]!r} failed: {text}")
-        return Step(text)
+            answer = Step(None, done=True)
+        elif isinstance(call, str):
+            answer = Step(f"{ERROR_PREFIX} {call}")
+        else:
+            name, arguments = call
+            status, text = self.host.call("tool", name, (arguments, self.example))
+            answer = Step(text if status == "ok" else f"{ERROR_PREFIX} the tool {name!r} failed: {text}")
+        self._count(action, call, answer)
+        return answer
 
 
 class WorldEnvironment(HostedEnvironment):
@@ -369,14 +381,15 @@ class WorldEnvironment(HostedEnvironment):
         return opening
 
     def step(self, action: str) -> Step:
-        self.tool_calls += _TOOL_CALL.search(action) is not None
+        call = parse_tool_call(action, self.host.tools) if self.host.tools else None
         request = ("step", self.key, action)
         status, step = ("error", self.lost) if self.lost else self.host.call(*request)
         if status == "error":
-            self.tool_errors += 1
+            self._count(action, call, None)
             self.host.release(self.key)
             self.failure = f"{self.host.module.__name__}.environment().step() failed: {step}"
-            return Step(f"error: {self.failure}", done=True)
+            return Step(f"{ERROR_PREFIX} {self.failure}", done=True)
+        self._count(action, call, step)
         self.answered.append((request, (status, step)))
         return step
 

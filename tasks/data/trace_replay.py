@@ -1,8 +1,9 @@
 """Worked traces replayed against their task before any stage trains on them: each row's ``meta["turns"]`` is played
 through the task's tools or environment in the sandbox episodes use, and a trace whose calls the task would refuse
 (not JSON, an unknown tool, undeclared arguments) or whose recorded replies differ from what the task answers is an
-error naming its row. SFT would otherwise teach the model replies no episode will ever show it. For a task whose
-``score`` grades whole episodes (a game), the trace's episode must pass it: its final move wins."""
+error naming its row (a tool's own error answer, recorded as the tool gives it, may be shown). SFT would otherwise
+teach the model replies no episode will ever show it. For a task whose ``score`` grades whole episodes (a game), the
+trace's episode must pass it: its final move wins."""
 
 from collections.abc import Iterator
 from types import ModuleType
@@ -46,7 +47,9 @@ def _first_difference(environment: HostedEnvironment, turns: list[tuple[str, str
         errors_before = environment.tool_errors
         step = environment.step(text)
         env_reward += step.reward
-        if environment.tool_errors > errors_before:
+        recorded = turns[index + 1][1] if index + 1 < len(turns) else None
+        # a trace may show a tool's error answer and the recovery from it, but not a call that fails otherwise
+        if environment.tool_errors > errors_before and (step.done or step.observation != recorded):
             return f"meta 'turns'[{index}]: {(step.observation or '').removeprefix('error: ')}", env_reward
         if index == len(turns) - 1:
             return None, env_reward  # the final answer: what it earns is the verifier's business
