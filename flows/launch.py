@@ -68,5 +68,10 @@ def main() -> int:
 
         return cli_main(argv)
     except KeyboardInterrupt:
-        print(f"alignflow: interrupted ({' '.join(argv[:2])})", file=sys.stderr)
-        return INTERRUPTED
+        return interrupted(argv)
+
+
+def interrupted(argv: list[str]) -> int:
+    """Say that Ctrl-C ended the command ``argv``, in one line; the shell's status for it."""
+    print(f"alignflow: interrupted ({' '.join(argv[:2])})", file=sys.stderr)
+    return INTERRUPTED

@@ -16,6 +16,7 @@ import sys
 import threading
 
 from flows.cli import main, quiet_libraries
+from flows.launch import interrupted
 from flows.warm_runner import FORWARDED_SIGNALS, HEADER, STATUS, import_time_environment, read_exactly
 from tasks.kinds import stage_kinds
 
@@ -141,7 +142,11 @@ def _run_stage(request: dict, fds: list[int]) -> None:
         write_through=write_through,
     )
     sys.argv = [request["program"], *request["argv"]]
-    raise SystemExit(main(request["argv"]))
+    try:
+        status = main(request["argv"])
+    except KeyboardInterrupt:  # as the command run cold says it: one line, not a traceback
+        status = interrupted(request["argv"])
+    raise SystemExit(status)
 
 
 def _preload() -> None:

@@ -153,6 +153,7 @@ def test_the_retraining_story(prefect_env, tmp_path):
     (project / "data/shards/4.jsonl").write_text(json.dumps({"task": "countdown"}) + "\n")
     failed = alignflow(project, prefect_env, "retrain", "sft")
     assert failed.returncode == 2 and "data/shards/4.jsonl:1:" in failed.stderr
+    assert not (project / "data/shards/4.jsonl").exists() and (project / "data/quarantine/4.jsonl").is_file()
     assert [row["version"] for row in json.loads(alignflow(project, prefect_env, "registry", "--json").stdout)] == [
         "v1.0.0",
         "v2.0.0",
@@ -171,3 +172,30 @@ def test_the_retraining_story(prefect_env, tmp_path):
         assert pulled.returncode == 0, pulled.stderr
         if version == "v3.0.0":
             assert md5_tree(clone / "artifacts/sft") == md5_tree(project / "artifacts/sft")
+
+
+def padded(example: Example) -> Example:
+    """The worked solution with its reasoning said three times: as correct, three times as long."""
+    think, _, answer = example.solution.removeprefix("<think>").partition("</think>")
+    return Example(example.task, example.prompt, example.answer, f"<think>{','.join([think] * 3)}</think>{answer}")
+
+
+def test_a_shard_as_correct_but_three_times_longer_is_rejected_by_the_length_guard_and_quarantined(
+    prefect_env, tmp_path
+):
+    """pass@1 alone would promote a model that pads its answers: the default response_length guard rejects it."""
+    # room for the padded solutions and the answers they teach
+    room = ("sft.max_length=192", "eval.max_new_tokens=128")
+    room += tuple(f"{model}.max_position_embeddings=192" for model in ("base", "reward_backbone", "student_base"))
+    project = make_project(tmp_path / "project", (*STORY, *room))
+    params = load_params(project / "params.yaml", ["data.train_file=null"])
+    train, _ = generate_splits(params.task, params.data.num_train, params.data.num_test, params.seed)
+    (project / "data/shards").mkdir()
+    write_jsonl(project / "data/shards/1.jsonl", train[:2000])
+    assert retrain(project, prefect_env)["promoted"]
+
+    write_jsonl(project / "data/shards/2.jsonl", [padded(e) for e in train[2000:]])  # two thirds of the new data
+    rejected = retrain(project, prefect_env)
+    assert not rejected["promoted"] and "response_length rose" in rejected["reason"], rejected
+    assert rejected["candidate"]["response_length"] > rejected["champion"]["response_length"] + 16
+    assert rejected["quarantined"] == ["data/quarantine/2.jsonl"] and not (project / "data/shards/2.jsonl").exists()

@@ -112,11 +112,26 @@ def _processes_in(project: Path) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGHUP], ids=lambda how: how.name)
+def _sigint_as_in_a_terminal() -> None:
+    """A test run started in the background inherits SIGINT ignored (POSIX shells do that to `cmd &`); a terminal's
+    Ctrl-C reaches a command with SIGINT at its default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+# How each signal ends the command, and its one line. DVC ignores Ctrl-C while a stage runs and leaves it to the
+# stage, which says so and ends (status 130); DVC then fails the repro (255) naming that status.
+_STOPPED = {
+    signal.SIGINT: (255, "alignflow: interrupted (stage sft)"),
+    signal.SIGTERM: (-signal.SIGTERM, "alignflow: stopped by SIGTERM (repro sft)"),
+    signal.SIGHUP: (-signal.SIGHUP, "alignflow: stopped by SIGHUP (repro sft)"),
+}
+
+
+@pytest.mark.parametrize("how", list(_STOPPED), ids=lambda how: how.name)
 def test_a_stopped_repro_stops_its_stage_says_one_line_and_records_nothing(tmp_path, how):
-    """SIGTERM to `alignflow repro`'s process group, as `timeout` sends it (or SIGHUP, as a closed terminal does),
-    reaches the stage the warm runner forked (in a process group of its own) through its session: nothing is left
-    running, nothing recorded, one line."""
+    """Ctrl-C to `alignflow repro`'s process group, SIGTERM as `timeout` sends it, or SIGHUP as a closed terminal
+    does, reaches the stage the warm runner forked (in a process group of its own) through its session: nothing is
+    left running, nothing recorded, one line."""
     project = make_project(tmp_path / "stopped", ("sft.max_steps=100000",))
     log = tmp_path / "stdout"
     with log.open("w") as stdout:
@@ -128,6 +143,7 @@ def test_a_stopped_repro_stops_its_stage_says_one_line_and_records_nothing(tmp_p
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
+            preexec_fn=_sigint_as_in_a_terminal,
         )
         deadline = time.monotonic() + 180
         while "Running stage 'sft'" not in log.read_text() and time.monotonic() < deadline:
@@ -136,10 +152,11 @@ def test_a_stopped_repro_stops_its_stage_says_one_line_and_records_nothing(tmp_p
         time.sleep(5)  # into its steps
         os.killpg(command.pid, how)
         _, stderr = command.communicate(timeout=60)
-    assert command.returncode == -how
+    status, said = _STOPPED[how]
+    assert command.returncode == status, stderr
     deadline = time.monotonic() + 30
     while _processes_in(project) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _processes_in(project) == [], "a process of the stopped repro outlived it"
-    assert "Traceback" not in stderr and stderr.count(f"alignflow: stopped by {how.name} (repro sft)") == 1, stderr
+    assert "Traceback" not in stderr and stderr.count(said) == 1, stderr
     assert "sft" not in lock_entries(project) and not (project / "artifacts/sft").exists()
