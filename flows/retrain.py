@@ -37,26 +37,33 @@ from flows.registry import Decision, artifact_name, assign_prod, check_artifact_
 from flows.remote import push
 from flows.runner import read_dag
 from tasks.common.config import Params
-from tasks.data.datasets import read_shards, shard_files
+from tasks.data.datasets import shard_files
+from tasks.kinds import problem_kinds, stage_kinds
 from tasks.params.load import load_params
-from tasks.pipelines import PIPELINES
+from tasks.pipelines import PIPELINES, kinds_run
 from tasks.stages.data import splits
 
 
-def track_shards(project: Path, params: Params) -> list[str]:
-    """Validate every shard of your own and the splits they make, then ``dvc add`` those not yet versioned; return
-    every shard's path. New shards the data stage would refuse (a bad row, a held-out problem in the training
-    split) are moved to ``retrain.quarantine`` unversioned, so the next retrain runs without them, and the refusal
-    is raised."""
-    sources = [source for source in (params.data.train_file, params.data.test_file) if source is not None]
+def data_sections(pipeline: str, params: Params) -> list[str]:
+    """The params sections (data, agent_data) whose problems ``pipeline``'s data stages read."""
+    run = kinds_run([pipeline], params)
+    return [stage_kinds()[kind].section for kind in problem_kinds() if kind in run]
+
+
+def track_shards(project: Path, params: Params, sections: list[str]) -> list[str]:
+    """Validate every shard of your own that the params ``sections`` name and the splits they make, then ``dvc add``
+    those not yet versioned; return every shard's path. New shards a data stage would refuse (a bad row, a
+    held-out problem in the training split, a worked trace the task does not replay) are moved to
+    ``retrain.quarantine`` unversioned, so the next retrain runs without them, and the refusal is raised."""
+    configs = [getattr(params, section) for section in sections]
+    sources = [source for cfg in configs for source in (cfg.train_file, cfg.test_file) if source is not None]
     shards = sorted({str(f.relative_to(project)) for s in sources for f in shard_files(project / s)})
     with open_repo(project) as repo:
         new = [s for s in shards if not (project / f"{s}.dvc").exists() and not repo.scm.is_tracked(s)]
         try:
-            for source in sources:  # DatasetError naming file:line; the data stage says what repeats
-                read_shards(project / source, params.task.name, say_repeats=False)
             with _working_in(project):
-                splits(params, "data")  # the data stage's own check: no prompt in both splits
+                for section in sections:  # the data stage's own checks: DatasetError naming file:line, overlap
+                    splits(params, section)
         except ValueError as refusal:
             if not new or params.retrain.quarantine is None:
                 raise
@@ -123,7 +130,7 @@ def retrain(pipeline: str, overrides: list[str], project: Path) -> Decision:
     params = load_params(project / "params.yaml", overrides, runs=[pipeline])
     artifact, model = artifact_name(pipeline), check_artifact_path(project, pipeline, params)
     with run_lock(project):
-        shards = track_shards(project, params)
+        shards = track_shards(project, params, data_sections(pipeline, params))
         run_pipeline(pipeline, overrides, project, push_after=False)
         params = load_params(project / "params.yaml", runs=[pipeline])  # the overrides are in params.yaml now
         champion = prod_version(project, artifact)

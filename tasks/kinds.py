@@ -117,6 +117,13 @@ def stage_kinds() -> dict[str, StageKind]:
     return {kind.name: kind for kind in kinds}
 
 
+def problem_kinds() -> tuple[str, ...]:
+    """The kinds that make a task's train and held-out problem splits (data, agent_data): the data stage's code,
+    each on a params section of its own (train_file, test_file, num_train, num_test)."""
+    kinds = stage_kinds()
+    return tuple(name for name, kind in kinds.items() if kind.entry == kinds["data"].entry)
+
+
 def prompt_limit_key(section: str) -> str:
     """The params key bounding the prompts the stage of params section ``section`` reads: its dataset's
     (``prompt_limit``), so that the agent pipeline's stages read the agent SFT's, not the default pipelines'."""

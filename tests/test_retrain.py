@@ -177,7 +177,8 @@ def test_the_retraining_story(prefect_env, tmp_path):
 def padded(example: Example) -> Example:
     """The worked solution with its reasoning said three times: as correct, three times as long."""
     think, _, answer = example.solution.removeprefix("<think>").partition("</think>")
-    return Example(example.task, example.prompt, example.answer, f"<think>{','.join([think] * 3)}</think>{answer}")
+    solution = f"<think>{','.join([think] * 3)}</think>{answer}"
+    return Example(example.task, example.prompt, example.answer, solution, example.meta)
 
 
 def test_a_shard_as_correct_but_three_times_longer_is_rejected_by_the_length_guard_and_quarantined(

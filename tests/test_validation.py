@@ -72,6 +72,11 @@ MALFORMED_CONFIGS = [
     (["retrain.guards={format_rate: -0.1}"], "retrain.guards.format_rate: a tolerance must be a finite number >= 0"),
     (["retrain.quarantine=/tmp/q"], "retrain.quarantine: must be under data/"),
     (["data.train_file=data", "retrain.quarantine=data"], "retrain.quarantine: 'data' is within data.train_file"),
+    (["agent_data.test_file=/tmp/held-out.jsonl"], "agent_data.test_file: must be under data/"),
+    (
+        ["agent_data.train_file=data/agent", "retrain.quarantine=data/agent"],
+        "retrain.quarantine: 'data/agent' is within agent_data.train_file",
+    ),
     (["sft.max_steps"], "expected key=value"),
     (["colour=blue"], "override: colour: unknown key"),
     (["ppo.rollout_backend=vllm", "device=cpu"], "base.num_heads: ppo.rollout_backend=vllm on CPU needs a head size"),

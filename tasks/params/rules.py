@@ -30,7 +30,7 @@ from tasks.common.config.rl import REWARD_MODEL
 from tasks.common.registry import param_reference, param_value
 from tasks.common.registry_catalog import registry_entries
 from tasks.data.datasets import is_shard_of, shard_files
-from tasks.kinds import model_kinds, prompt_limit_key, stage_kinds
+from tasks.kinds import model_kinds, problem_kinds, prompt_limit_key, stage_kinds
 from tasks.params.operations_rules import operations_errors
 from tasks.params.task_rules import task_errors
 from tasks.params.training_rules import runs_on_gpu, training_errors
@@ -415,7 +415,8 @@ def _is_under_user_data(source: str) -> bool:
 
 def _user_data_errors(params: Params) -> Iterator[str]:
     """Data of your own lives under data/, the data stage's dvc.yaml dependency, so dvc.lock names every shard."""
-    sources = {"data.train_file": params.data.train_file, "data.test_file": params.data.test_file}
+    sections = [stage_kinds()[kind].section for kind in problem_kinds()]
+    sources = {f"{s}.{key}": getattr(getattr(params, s), key) for s in sections for key in ("train_file", "test_file")}
     for key, source in sources.items():
         if source is None:
             continue
@@ -432,11 +433,14 @@ def _user_data_errors(params: Params) -> Iterator[str]:
                 if not any(shard.resolve().is_relative_to(directory) for directory in inside):
                     yield f"{key}: {str(shard)!r} is a link to {str(shard.resolve())!r}, outside {USER_DATA}/"
                     break
-    quarantine, train = params.retrain.quarantine, params.data.train_file
+    quarantine = params.retrain.quarantine
     if quarantine is not None and not _is_under_user_data(quarantine):
         yield f"retrain.quarantine: must be under {USER_DATA}/, got {quarantine!r}"
-    elif quarantine is not None and train is not None and is_shard_of(Path(quarantine, "shard.jsonl"), train):
-        yield f"retrain.quarantine: {quarantine!r} is within data.train_file's reach ({train!r})"
+    elif quarantine is not None:
+        for section in sections:  # a quarantined shard leaves every split's reach
+            train = getattr(params, section).train_file
+            if train is not None and is_shard_of(Path(quarantine, "shard.jsonl"), train):
+                yield f"retrain.quarantine: {quarantine!r} is within {section}.train_file's reach ({train!r})"
 
 
 # Imports a reward function the way the reward process will, from the project directory; run apart so that a
