@@ -34,17 +34,17 @@ def test_a_shard_holding_a_held_out_problem_is_quarantined_unversioned_and_the_n
 
 
 def test_an_agent_shard_whose_trace_does_not_replay_is_quarantined_before_the_agent_retrain(tmp_path, monkeypatch):
-    from test_trace_replay import GOOD_CALL, _calculator_row
+    from test_trace_replay import GOOD_CALL, calculator_row
 
     project = make_project(tmp_path)
     monkeypatch.chdir(project)
     (project / "data/agent").mkdir(parents=True)
-    (project / "data/agent/1.jsonl").write_text(json.dumps(_calculator_row(GOOD_CALL, "1000")) + "\n")
+    (project / "data/agent/1.jsonl").write_text(json.dumps(calculator_row(GOOD_CALL, "1000")) + "\n")
     params = load_params(project / "params.yaml", ["agent_data.train_file=data/agent", "agent_data.num_test=4"])
     assert data_sections("agent", params) == ["agent_data"]
     assert track_shards(project, params, ["agent_data"]) == ["data/agent/1.jsonl"]
 
-    (project / "data/agent/2.jsonl").write_text(json.dumps(_calculator_row(GOOD_CALL, "1001")) + "\n")  # off by one
+    (project / "data/agent/2.jsonl").write_text(json.dumps(calculator_row(GOOD_CALL, "1001")) + "\n")  # off by one
     with pytest.raises(ValueError, match=r"data/agent/2.jsonl:1: .*'1000' where the trace says '1001'.*moved to"):
         track_shards(project, params, ["agent_data"])
     assert not (project / "data/agent/2.jsonl").exists() and (project / "data/quarantine/2.jsonl").is_file()

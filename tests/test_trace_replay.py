@@ -15,7 +15,7 @@ CALL = '<tool_call>{{"name": "calculate", "arguments": {arguments}}}</tool_call>
 SOLUTION = "<think>100*10=1000</think><answer>1000</answer>"  # a prompt the generated held-out split never asks
 
 
-def _calculator_row(call: str, reply: str, *more: dict) -> dict:
+def calculator_row(call: str, reply: str, *more: dict) -> dict:
     turns = [{"role": "assistant", "content": call}, {"role": "tool", "content": reply}, *more]
     turns.append({"role": "assistant", "content": SOLUTION})
     meta = {"turns": turns}
@@ -30,12 +30,12 @@ def _calculator_row(call: str, reply: str, *more: dict) -> dict:
 
 GOOD_CALL = CALL.format(arguments='{"expression": "100*10"}')
 BAD_TRACES = [
-    (_calculator_row(GOOD_CALL, "1001"), "meta 'turns'[1]: the task answers '1000' where the trace says '1001'"),
-    (_calculator_row('<tool_call>{"name": "calculate", "arguments": {</tool_call>', "1000"), "meta 'turns'[0]:"),
-    (_calculator_row(GOOD_CALL.replace("calculate", "compute"), "1000"), "meta 'turns'[0]:"),
-    (_calculator_row(CALL.format(arguments='{"expression": "100*10", "digits": 3}'), "1000"), "meta 'turns'[0]:"),
+    (calculator_row(GOOD_CALL, "1001"), "meta 'turns'[1]: the task answers '1000' where the trace says '1001'"),
+    (calculator_row('<tool_call>{"name": "calculate", "arguments": {</tool_call>', "1000"), "meta 'turns'[0]:"),
+    (calculator_row(GOOD_CALL.replace("calculate", "compute"), "1000"), "meta 'turns'[0]:"),
+    (calculator_row(CALL.format(arguments='{"expression": "100*10", "digits": 3}'), "1000"), "meta 'turns'[0]:"),
     (
-        _calculator_row(GOOD_CALL, "1000", {"role": "assistant", "content": "let me think"}),
+        calculator_row(GOOD_CALL, "1000", {"role": "assistant", "content": "let me think"}),
         "meta 'turns'[2]: the task ends the episode at this turn, but the trace goes on",
     ),
 ]
@@ -54,7 +54,7 @@ def _params(*overrides: str):
 
 @pytest.mark.parametrize(("row", "message"), BAD_TRACES, ids=["reply", "json", "unknown-tool", "argument", "goes-on"])
 def test_a_trace_the_tools_would_not_play_is_refused_naming_its_file_and_line(project, row, message):
-    good = _calculator_row(GOOD_CALL, "1000")
+    good = calculator_row(GOOD_CALL, "1000")
     (project / "data/train.jsonl").write_text("\n".join(json.dumps(r) for r in (good, row)) + "\n")
     params = _params("agent_data.train_file=data/train.jsonl", "agent_data.num_test=4")
     with pytest.raises(DatasetError) as error:
@@ -63,7 +63,7 @@ def test_a_trace_the_tools_would_not_play_is_refused_naming_its_file_and_line(pr
 
 
 def test_the_same_rows_as_the_tools_answer_them_pass(project):
-    (project / "data/train.jsonl").write_text(json.dumps(_calculator_row(GOOD_CALL, "1000")) + "\n")
+    (project / "data/train.jsonl").write_text(json.dumps(calculator_row(GOOD_CALL, "1000")) + "\n")
     train, _ = splits(_params("agent_data.train_file=data/train.jsonl", "agent_data.num_test=4"), "agent_data")
     assert len(train) == 1
 
@@ -74,7 +74,7 @@ def test_a_trace_may_show_a_tools_error_answer_and_the_recovery_from_it(project)
     divide = CALL.format(arguments='{"expression": "100/10"}')
     refused = calculate("100/10")
     assert refused.startswith("error: ")  # the calculator's own answer: it takes + - * only
-    row = _calculator_row(
+    row = calculator_row(
         divide, refused, {"role": "assistant", "content": GOOD_CALL}, {"role": "tool", "content": "1000"}
     )
     (project / "data/train.jsonl").write_text(json.dumps(row) + "\n")
