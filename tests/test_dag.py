@@ -59,6 +59,7 @@ def test_every_stage_runs_an_alignflow_stage_of_a_registered_kind(dvc_stages):
     assert kinds_in_dvc == set(stage_kinds())
 
 
+@pytest.mark.slow
 def test_every_module_a_stage_imports_is_among_its_deps(dvc_stages):
     missing = {}
     for stage in dvc_stages:
@@ -79,6 +80,7 @@ def test_every_module_a_stage_imports_is_among_its_deps(dvc_stages):
     assert not missing, f"modules imported but not in dvc.yaml deps: {missing}"
 
 
+@pytest.mark.slow
 def test_dvc_yaml_and_params_yaml_are_written_from_the_declarations(tmp_path):
     """`alignflow generate --check` passes on the repo, and names a file that has drifted from the declarations."""
     assert stale(REPO) == []
@@ -146,6 +148,7 @@ def test_every_pipeline_registers_the_model_it_trains(dvc_stages):
         )
 
 
+@pytest.mark.slow
 def test_editing_the_verifier_marks_every_stage_that_scores_with_it_changed(tmp_path, monkeypatch):
     """Record every stage as done (stand-in outputs, `dvc commit`), edit countdown's verifier: DVC must see it."""
     project = make_project(tmp_path)

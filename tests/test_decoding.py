@@ -53,6 +53,7 @@ def _both(model, tokenizer, sampling: Sampling) -> tuple[list, list, HFEngine]:
     return *results, compiled
 
 
+@pytest.mark.slow
 def test_compiled_decoding_samples_what_eager_decoding_samples(talkative):
     """Rows ending at different steps (so the batch moves to smaller buckets): the same tokens from the same seed,
     their log-probs equal to compilation's rounding, and each completion's end where the eager engine puts it."""

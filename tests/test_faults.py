@@ -114,6 +114,7 @@ def test_nan_at_a_random_sft_step_keeps_the_last_checkpoint_and_a_rerun_with_a_l
     assert json.loads(Path("metrics/sft/metrics.json").read_text())["step"] == SFT_STEPS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [run_seed()])
 @pytest.mark.parametrize("poison", ["reward", "loss"])
 def test_nan_at_a_random_grpo_step_keeps_the_last_checkpoint_and_a_rerun_with_a_lower_lr_resumes(
@@ -337,6 +338,7 @@ def _reward_model_outputs() -> dict[str, dict[str, str]]:
     return {name: md5_tree(Path(name)) for name in ("artifacts/reward_model", "metrics/reward_model")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("saves", "member"), [(1, 0), (3, 1)])
 def test_a_reward_model_ensemble_killed_mid_member_resumes_to_identical_weights(project, capsys, saves, member):
     """SIGKILLed right after its ``saves``-th checkpoint (``member`` at step 2 of 4; by the third, member 0 is

@@ -8,6 +8,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO, tiny_model
 
 # Not on the lent GPU machine (it has torch, transformers, PEFT and accelerate; the wheels bring the rest)
@@ -26,6 +28,7 @@ def site_without_pipeline_packages(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_the_gpu_grpo_bench_runs_the_shipped_iteration_without_ray_dvc_dvclive_or_prefect(tmp_path):
     site = site_without_pipeline_packages(tmp_path / "site")
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{site}"}

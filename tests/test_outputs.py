@@ -62,6 +62,7 @@ def test_a_read_only_artifacts_directory_is_named_in_one_line(project, capsys, r
     assert [p for p in project.rglob("*") if p.is_file() and p.parent != project / "data"] == [project / "params.yaml"]
 
 
+@pytest.mark.slow
 def test_a_second_run_of_a_running_stage_is_refused_naming_the_first(project):
     with stage_lock("data"):  # the first run, holding the stage
         second = subprocess.run(["alignflow", "stage", "data"], cwd=project, env=ENV, capture_output=True, text=True)
@@ -72,6 +73,7 @@ def test_a_second_run_of_a_running_stage_is_refused_naming_the_first(project):
     assert subprocess.run(["alignflow", "stage", "data"], cwd=project, env=ENV, capture_output=True).returncode == 0
 
 
+@pytest.mark.slow
 def test_a_stage_clears_a_killed_runs_temporary_output_but_not_a_running_ones(project):
     finished = subprocess.Popen(["true"])
     finished.wait()  # a pid that no process holds now

@@ -110,6 +110,7 @@ def test_the_catalog_is_computed_once_per_sources_and_a_changed_source_is_seen_a
     assert len(json.loads(registry_catalog.CATALOG.read_text())) == 3  # the other sources' catalogs are kept
 
 
+@pytest.mark.slow
 def test_validation_imports_no_torch_with_a_cold_cache_or_a_warm_one(tmp_path):
     check = (
         "import sys; from tasks.params.load import load_params; load_params('params.yaml'); "

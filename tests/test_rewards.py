@@ -96,6 +96,7 @@ def test_a_broken_reward_is_counted_not_fatal(user_rewards, function):
     assert total.tolist() == [1.0, 0.0, 0.0, 0.0]  # accuracy alone
 
 
+@pytest.mark.slow
 def test_a_reward_over_its_time_budget_scores_zero_and_the_next_batch_is_scored_afresh(user_rewards):
     name = f"{user_rewards}:hangs"
     with RewardScorer({name: 1.0, "accuracy": 1.0}, timeout_seconds=1.0) as scorer:
