@@ -311,10 +311,12 @@ def _retrain(args: argparse.Namespace) -> None:
     from tasks.params.load import load_params
 
     params = load_params("params.yaml", args.overrides, runs=[args.pipeline])  # before Prefect or Ray start
-    _check_user_data(params)
     from flows.overrides import form_values
     from flows.pipelines import FORMS
-    from flows.retrain import RETRAIN_FLOWS
+    from flows.retrain import RETRAIN_FLOWS, check_shards, data_sections
+
+    # A shard the data stages would refuse is named, and moved to retrain.quarantine when it is new, before any work.
+    check_shards(Path.cwd(), params, data_sections(args.pipeline, params))
     from tasks.params.write import write_overrides
 
     # The gate's and the remote's keys are the retrain's own, not a stage's: params.yaml takes them (the run reads

@@ -2,8 +2,9 @@
 
 One retrain, holding the project's run lock throughout:
 
-1. every shard ``data.train_file`` / ``test_file`` name is validated row by row (a bad row stops everything before
-   any work, naming ``file:line``), and each new one is versioned with ``dvc add``;
+1. every shard the pipeline's data stages read (``data.train_file`` / ``test_file``, or ``agent_data``'s) passes
+   those stages' own checks (a bad row stops everything before any work, naming ``file:line``), and each new one
+   is versioned with ``dvc add``;
 2. the pipeline runs on Ray as ``alignflow run`` does (only what the new data or params made stale);
 3. the candidate is saved as a DVC experiment (``dvc exp save``: a commit holding its dvc.lock, params and
    shards' .dvc files, listed by ``dvc exp show`` with its metrics, while the branch stays where it was: a
@@ -50,30 +51,39 @@ def data_sections(pipeline: str, params: Params) -> list[str]:
     return [stage_kinds()[kind].section for kind in problem_kinds() if kind in run]
 
 
-def track_shards(project: Path, params: Params, sections: list[str]) -> list[str]:
-    """Validate every shard of your own that the params ``sections`` name and the splits they make, then ``dvc add``
-    those not yet versioned; return every shard's path. New shards a data stage would refuse (a bad row, a
-    held-out problem in the training split, a worked trace the task does not replay) are moved to
-    ``retrain.quarantine`` unversioned, so the next retrain runs without them, and the refusal is raised."""
+def check_shards(project: Path, params: Params, sections: list[str]) -> list[str]:
+    """Every shard of your own that the params ``sections`` name, after the data stages' own checks on them and the
+    splits they make. New (unversioned) shards a data stage would refuse (a bad row, a held-out problem in the
+    training split, a worked trace the task does not replay) are moved to ``retrain.quarantine``, so the next
+    retrain runs without them, and the refusal is raised."""
     configs = [getattr(params, section) for section in sections]
     sources = [source for cfg in configs for source in (cfg.train_file, cfg.test_file) if source is not None]
     shards = sorted({str(f.relative_to(project)) for s in sources for f in shard_files(project / s)})
-    with open_repo(project) as repo:
-        new = [s for s in shards if not (project / f"{s}.dvc").exists() and not repo.scm.is_tracked(s)]
-        try:
-            with _working_in(project):
-                for section in sections:  # the data stage's own checks: DatasetError naming file:line, overlap
-                    splits(params, section)
-        except ValueError as refusal:
-            if not new or params.retrain.quarantine is None:
-                raise
-            moved = _set_aside(project, new, params.retrain.quarantine)
-            raise ValueError(
-                f"{refusal}; the new shard(s) moved to {', '.join(moved)}: fix and move them back"
-            ) from None
-        if new:
+    try:
+        with _working_in(project):
+            for section in sections:  # DatasetError naming file:line; ValueError naming a prompt in both splits
+                splits(params, section)
+    except ValueError as refusal:
+        new = _unversioned(project, shards)
+        if not new or params.retrain.quarantine is None:
+            raise
+        moved = _set_aside(project, new, params.retrain.quarantine)
+        raise ValueError(f"{refusal}; the new shard(s) moved to {', '.join(moved)}: fix and move them back") from None
+    return shards
+
+
+def track_shards(project: Path, params: Params, sections: list[str]) -> list[str]:
+    """``check_shards``, then ``dvc add`` of the shards not yet versioned; every shard's path."""
+    shards = check_shards(project, params, sections)
+    if new := _unversioned(project, shards):
+        with open_repo(project) as repo:
             repo.add([str(project / s) for s in new])
     return shards
+
+
+def _unversioned(project: Path, shards: list[str]) -> list[str]:
+    with open_repo(project) as repo:
+        return [s for s in shards if not (project / f"{s}.dvc").exists() and not repo.scm.is_tracked(s)]
 
 
 def _set_aside(project: Path, shards: list[str], where: str) -> list[str]:

@@ -2,13 +2,14 @@
 not, so one bad shard never blocks the retrains after it; the agent pipeline's shards as well."""
 
 import json
+import subprocess
 
 import pytest
 
 from flows.retrain import data_sections, track_shards
 from tasks.data.datasets import generate_splits, write_jsonl
 from tasks.params.load import load_params
-from tests.conftest import make_project
+from tests.conftest import ENV, make_project
 
 
 def test_a_shard_holding_a_held_out_problem_is_quarantined_unversioned_and_the_next_retrain_runs(tmp_path, monkeypatch):
@@ -48,3 +49,25 @@ def test_an_agent_shard_whose_trace_does_not_replay_is_quarantined_before_the_ag
     with pytest.raises(ValueError, match=r"data/agent/2.jsonl:1: .*'1000' where the trace says '1001'.*moved to"):
         track_shards(project, params, ["agent_data"])
     assert not (project / "data/agent/2.jsonl").exists() and (project / "data/quarantine/2.jsonl").is_file()
+
+
+@pytest.mark.slow
+def test_alignflow_retrain_quarantines_a_corrupt_new_shard_before_any_work(tmp_path, monkeypatch):
+    """The command refuses it in one line naming its row, and moves it out of the training split's reach, so the
+    retrain after it runs on the shards that remain (no Prefect or Ray started for a refusal)."""
+    project = make_project(tmp_path)
+    params = load_params(project / "params.yaml", ["data.train_file=null"])
+    train, _ = generate_splits(params.task, params.data.num_train, params.data.num_test, params.seed)
+    (project / "data/shards").mkdir(parents=True)
+    write_jsonl(project / "data/shards/1.jsonl", train[:100])
+    monkeypatch.chdir(project)
+    params = load_params(project / "params.yaml", ["data.train_file=data/shards"])
+    track_shards(project, params, ["data"])  # versioned by an earlier retrain
+
+    (project / "data/shards/2.jsonl").write_text(json.dumps({"task": "countdown"}) + "\n")
+    command = ["alignflow", "retrain", "sft", "data.train_file=data/shards"]
+    refused = subprocess.run(command, cwd=project, env=ENV, capture_output=True, text=True)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "data/shards/2.jsonl:1:" in refused.stderr and "moved to data/quarantine/2.jsonl:" in refused.stderr
+    assert sorted(p.name for p in (project / "data/shards").iterdir()) == [".gitignore", "1.jsonl", "1.jsonl.dvc"]
+    assert not (project / "artifacts").exists()
