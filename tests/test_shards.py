@@ -12,7 +12,9 @@ from tasks.params.load import load_params
 from tests.conftest import ENV, make_project
 
 
-def test_a_shard_holding_a_held_out_problem_is_quarantined_unversioned_and_the_next_retrain_runs(tmp_path, monkeypatch):
+def _project_with_a_versioned_shard(tmp_path, monkeypatch):
+    """A project whose data/shards/1.jsonl (100 generated training problems) an earlier retrain versioned: the
+    project, its params reading data/shards, and the generated splits."""
     project = make_project(tmp_path)
     params = load_params(project / "params.yaml", ["data.train_file=null"])
     train, test = generate_splits(params.task, params.data.num_train, params.data.num_test, params.seed)
@@ -22,6 +24,11 @@ def test_a_shard_holding_a_held_out_problem_is_quarantined_unversioned_and_the_n
     params = load_params(project / "params.yaml", ["data.train_file=data/shards"])
     assert track_shards(project, params, data_sections("sft", params)) == ["data/shards/1.jsonl"]
     assert (project / "data/shards/1.jsonl.dvc").is_file()
+    return project, params, train, test
+
+
+def test_a_shard_holding_a_held_out_problem_is_quarantined_unversioned_and_the_next_retrain_runs(tmp_path, monkeypatch):
+    project, params, train, test = _project_with_a_versioned_shard(tmp_path, monkeypatch)
 
     write_jsonl(project / "data/shards/2.jsonl", [*train[100:110], test[0]])  # a held-out problem in training
     with pytest.raises(ValueError, match=r"1 prompt\(s\) are in both splits.*moved to data/quarantine/2.jsonl"):
@@ -55,15 +62,7 @@ def test_an_agent_shard_whose_trace_does_not_replay_is_quarantined_before_the_ag
 def test_alignflow_retrain_quarantines_a_corrupt_new_shard_before_any_work(tmp_path, monkeypatch):
     """The command refuses it in one line naming its row, and moves it out of the training split's reach, so the
     retrain after it runs on the shards that remain (no Prefect or Ray started for a refusal)."""
-    project = make_project(tmp_path)
-    params = load_params(project / "params.yaml", ["data.train_file=null"])
-    train, _ = generate_splits(params.task, params.data.num_train, params.data.num_test, params.seed)
-    (project / "data/shards").mkdir(parents=True)
-    write_jsonl(project / "data/shards/1.jsonl", train[:100])
-    monkeypatch.chdir(project)
-    params = load_params(project / "params.yaml", ["data.train_file=data/shards"])
-    track_shards(project, params, ["data"])  # versioned by an earlier retrain
-
+    project, _, _, _ = _project_with_a_versioned_shard(tmp_path, monkeypatch)
     (project / "data/shards/2.jsonl").write_text(json.dumps({"task": "countdown"}) + "\n")
     command = ["alignflow", "retrain", "sft", "data.train_file=data/shards"]
     refused = subprocess.run(command, cwd=project, env=ENV, capture_output=True, text=True)
