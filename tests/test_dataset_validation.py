@@ -188,4 +188,13 @@ def test_a_bad_shard_is_named_before_ray_or_prefect_start(tmp_path, command):
         timeout=120,
     )
     assert result.returncode == 2
-    assert result.stderr == "alignflow: error: data/shards/1.jsonl: no rows\n"
+    if command == "run":
+        assert result.stderr == "alignflow: error: data/shards/1.jsonl: no rows\n"
+        return
+    # A retrain sets the unversioned shard aside, so the next scheduled run trains on the rest.
+    assert result.stderr == (
+        "alignflow: error: data/shards/1.jsonl: no rows; the new shard(s) moved to "
+        "data/quarantine/1.jsonl: fix and move them back\n"
+    )
+    assert not (project / "data/shards/1.jsonl").exists()
+    assert (project / "data/quarantine/1.jsonl").read_text() == "\n"
