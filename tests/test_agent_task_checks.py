@@ -5,6 +5,7 @@ error."""
 import re
 import sys
 import textwrap
+import types
 
 import pytest
 from test_episodes import ECHO, FILES, TOOLBOX
@@ -61,9 +62,11 @@ def test_max_turns_below_one_is_an_error_naming_the_key():
 
 
 def test_tool_call_tags_a_tokenizer_cannot_write_are_an_error():
+    with_tools, without = types.SimpleNamespace(TOOLS=[]), types.SimpleNamespace()
     with pytest.raises(TaskError, match="cannot write the tool-call tags"):
-        check_tool_tags(_Lossy(build_char_tokenizer()))
-    check_tool_tags(build_char_tokenizer())  # the tiny model's tokenizer writes them
+        check_tool_tags(with_tools, _Lossy(build_char_tokenizer()))
+    check_tool_tags(with_tools, build_char_tokenizer())  # the tiny model's tokenizer writes them
+    check_tool_tags(without, _Lossy(build_char_tokenizer()))  # a task without tools calls none
 
 
 class _Lossy:

@@ -18,7 +18,7 @@ from tasks.data.problems import Example
 from tasks.params.load import load_params
 from tasks.rl.async_rollouts import RolloutsAhead
 from tasks.rl.learner import LoopState
-from tasks.rl.placement import Pending
+from tasks.rl.role_handles import Pending, Roles
 from tasks.rl.trainer import collect
 from tasks.rollout.engine import Completion
 from tests.conftest import ENV, kill_at_first_checkpoint, make_project
@@ -58,7 +58,7 @@ def _run(staleness: int, steps: int, samples_at=lambda step: True) -> list[tuple
         Params().grpo, rollout_batch_size=4, group_size=1, steps=steps, max_staleness=staleness, dynamic_sampling=False
     )
     engines, state, seen = VersionedEngines(), LoopState(), []
-    roles = {"rollout": engines}
+    roles = Roles(actor=None, rollout=engines)  # collect only samples and scores: the actor is never called
     ahead = RolloutsAhead(roles, EXAMPLES, cfg, SEED, samples_at) if staleness else None
     clock = dict.fromkeys(("time/generate", "time/score", "time/train"), 0.0)
     for step in range(steps):

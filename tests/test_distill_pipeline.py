@@ -108,8 +108,8 @@ def test_the_teacher_runs_on_a_ray_actor_of_its_own_when_not_colocated(distill, 
     cfg = params.distill
     try:
         roles = place(params, cfg, model_dir(cfg.init), [], distill_roles(cfg), model_dir(cfg.teacher))
-        assert roles["teacher"].remote and roles["actor"].remote
-        teacher = roles["teacher"].call("weights").result()
+        assert roles.teacher.remote and roles.actor.remote
+        teacher = roles.teacher.weights().result()
         examples, tokenizer = read_examples(DATA_DIR / "train.jsonl"), load_tokenizer(model_dir(cfg.init))
         state, clock = LoopState(), dict.fromkeys(("time/generate", "time/score", "time/train"), 0.0)
         with RewardScorer(cfg.rewards, cfg.reward_timeout_seconds) as scorer:
@@ -117,7 +117,7 @@ def test_the_teacher_runs_on_a_ray_actor_of_its_own_when_not_colocated(distill, 
                 rollout, _ = collect(roles, scorer, examples, cfg, state, params.seed, clock)
                 metrics = learn_distillation(roles, rollout, tokenizer, cfg, state, clock)
         assert metrics["divergence"] > 0
-        after = roles["teacher"].call("weights").result()
+        after = roles.teacher.weights().result()
         assert all(torch.equal(teacher[name], after[name]) for name in teacher)
     finally:
         ray.shutdown()

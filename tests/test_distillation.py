@@ -61,8 +61,8 @@ def student_dir(tmp_path_factory) -> Path:
 def _exact_reverse_kl(roles, batch) -> float:
     """KL(π_s ‖ π_t) per token over the whole vocabulary, on ``batch``."""
     with torch.no_grad():
-        student = response_logprobs(roles["actor"].handle.model, batch, 1.0)[1]
-    divergence = DISTILL_LOSSES["gkd"](student, roles["teacher"].handle.logits(batch), batch.response_mask, beta=1.0)
+        student = response_logprobs(roles.actor.local.model, batch, 1.0)[1]
+    divergence = DISTILL_LOSSES["gkd"](student, roles.teacher.local.logits(batch), batch.response_mask, beta=1.0)
     return (divergence.sum() / batch.response_mask.sum()).item()
 
 
@@ -98,7 +98,7 @@ def test_on_policy_distillation_moves_the_student_toward_a_frozen_teacher(
     assert _exact_reverse_kl(roles, fixed) < 0.6 * before
     assert history[0]["logprob_parity"] < 1e-4  # the student sampled with the weights it trains
     on_disk = load_file(teacher_dir / "model.safetensors")
-    in_role = roles["teacher"].handle.model.state_dict()
+    in_role = roles.teacher.local.model.state_dict()
     assert all(torch.equal(in_role[name], tensor) for name, tensor in on_disk.items())
 
 

@@ -339,7 +339,7 @@ def test_episode_ids_are_the_sampled_ids_never_decoded_and_encoded_again(bpe_mod
     assert last == (1, [*sampled, tokenizer.eos_token_id])
     # The observation is the template's tool turn, then the assistant's header: the model's <|im_end|> came sampled.
     assert tokenizer.decode(observation[1]) == ('\n<|im_start|>tool\n{"sum": 3}<|im_end|>\n<|im_start|>assistant\n')
-    check_tool_tags(tokenizer)
+    check_tool_tags(tasks.toolbox, tokenizer)
 
 
 def test_hf_episodes_carry_the_sampled_ids_and_the_trainers_logprobs(bpe_model, tasks):  # noqa: F811

@@ -15,7 +15,8 @@ from models.trainable import ADAPTER_DIR, is_adapted, merged_state_dict
 from tasks.common.config import LoraConfig, Params
 from tasks.common.training import make_deterministic
 from tasks.data.prompts import BARE
-from tasks.rl.placement import AdapterReference, placed
+from tasks.rl.placement import placed
+from tasks.rl.role_handles import AdapterReference
 from tasks.rl.sequences import pack_text, response_logprobs
 from tasks.rl.workers import CriticWorker
 from tests.conftest import ENV, kill_at_first_checkpoint, make_project, tiny_model
@@ -31,7 +32,7 @@ def model_dir(tmp_path_factory):
 
 def _trained_actor(roles, batch):
     """The actor after its adapters have moved away from zero (B starts at zero: the adapted model is the base)."""
-    model = roles["actor"].handle.model
+    model = roles.actor.local.model
     assert is_adapted(model)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -45,10 +46,10 @@ def test_the_reference_of_an_adapted_policy_is_its_base_with_adapters_disabled(m
     cfg = replace(Params().grpo, lora=LORA, kl_loss="k3", colocate=True)
     batch = pack_text(load_tokenizer(model_dir), BARE, PROMPTS, RESPONSES)
     with placed(Params(seed=0, device="cpu"), cfg, model_dir, [], {"reference"}) as roles:
-        assert isinstance(roles["reference"], AdapterReference)  # no second copy of the model
+        assert isinstance(roles.reference, AdapterReference)  # no second copy of the model
         model = _trained_actor(roles, batch)
-        adapted = roles["actor"].call("logprobs", batch).result()
-        reference = roles["reference"].call("logprobs", batch).result()
+        adapted = roles.actor.logprobs(batch).result()
+        reference = roles.reference.logprobs(batch).result()
         trainable = [name for name, p in model.named_parameters() if p.requires_grad]
     base, _ = response_logprobs(load_reference(model_dir, torch.device("cpu")), batch, cfg.temperature)
     mask = batch.response_mask.bool()
@@ -64,7 +65,7 @@ def test_an_adapted_actors_engine_samples_from_the_merged_weights_after_every_up
     cfg = replace(Params().grpo, lora=LORA, kl_loss="none", colocate=True, group_size=3, minibatch_size=3)
     batch = pack_text(load_tokenizer(model_dir), BARE, PROMPTS, RESPONSES)
     with placed(Params(seed=0, device="cpu"), cfg, model_dir, [], set()) as roles:
-        actor = roles["actor"].handle
+        actor = roles.actor.local
         assert actor.sampler is not actor.model and not is_adapted(actor.sampler)
         model = _trained_actor(roles, batch)
         actor._took_steps(1)  # the sync after an update
@@ -72,7 +73,7 @@ def test_an_adapted_actors_engine_samples_from_the_merged_weights_after_every_up
         for name, tensor in actor.sampler.state_dict().items():
             assert torch.equal(tensor, merged[name]), name
         sampled, _ = response_logprobs(actor.sampler, batch, cfg.temperature)
-        adapted = roles["actor"].call("logprobs", batch).result()
+        adapted = roles.actor.logprobs(batch).result()
         assert (sampled - adapted)[batch.response_mask.bool()].abs().max() <= 1e-5
         assert actor.state()["sampler"] is None
 
@@ -83,7 +84,7 @@ def test_the_saved_artifact_is_the_merged_model_with_the_adapter_beside_it(model
     batch = pack_text(load_tokenizer(model_dir), BARE, PROMPTS, RESPONSES)
     with placed(Params(seed=0, device="cpu"), cfg, model_dir, [], set()) as roles:
         model = _trained_actor(roles, batch)
-        roles["actor"].call("save", tmp_path / "out", model_dir).result()
+        roles.actor.save(tmp_path / "out", model_dir).result()
         with torch.no_grad():
             adapted = model(**batch.model_inputs()).logits
         for_engines = merged_state_dict(model)
@@ -129,7 +130,7 @@ def test_bf16_weights_train_on_a_cpu(model_dir, one_thread):
     cfg = replace(Params().grpo, precision="bf16", actor_lr=1e-2, warmup_steps=0, colocate=True)
     batch = pack_text(load_tokenizer(model_dir), BARE, PROMPTS, RESPONSES)
     with placed(Params(seed=0, device="cpu"), cfg, model_dir, [], set()) as roles:
-        actor = roles["actor"].handle
+        actor = roles.actor.local
         assert next(actor.model.parameters()).dtype == torch.bfloat16
         before = actor.logprobs(batch)
         for _ in range(5):

@@ -143,14 +143,14 @@ def test_the_dip_is_never_negative_and_recovery_is_a_probe_at_or_above_the_start
 def test_a_rollout_of_ties_makes_no_pairs_no_update_and_no_alarm(model_dir, one_thread):
     cfg = replace(Params().online_dpo, group_size=2, dynamic_sampling=False)
     roles = place(Params(seed=SEED, device="cpu"), cfg, model_dir, [], preference_roles(cfg))
-    before = roles["actor"].call("weights").result()
+    before = roles.actor.weights().result()
     prompt = load_tokenizer(model_dir)("1+2=")["input_ids"]
     completions = [Completion(0, prompt, [5, 6], "ab", [-1.0, -1.0]), Completion(0, prompt, [7], "c", [-1.0])]
     example = Example("arithmetic", "1+2=", "3", "")
     rollout = Rollout([example, example], completions, torch.tensor([0.5, 0.5]), {}, {})
     metrics = learn_preferences(roles, rollout, load_tokenizer(model_dir), cfg, LoopState(), new_clock())
     assert metrics == {"pairs": 0.0}
-    after = roles["actor"].call("weights").result()
+    after = roles.actor.weights().result()
     assert all(torch.equal(before[name], after[name]) for name in before)
     assert alarms([(1, {"reward": 0.5, **metrics})], cfg) == []
 

@@ -1,5 +1,7 @@
 """Reward functions: the built-in verifiers, and functions of your own that raise, hang or misbehave."""
 
+from dataclasses import replace
+
 import pytest
 
 from tasks.data.problems import Example
@@ -64,6 +66,15 @@ def test_built_in_rewards_score_correctness_format_length_and_overlong():
     assert parts["overlong"].tolist() == pytest.approx([0.0, -0.5, 0.0, -1.0])
     assert total.tolist() == pytest.approx([sum(p[i].item() for p in parts.values()) for i in range(4)])
     assert set(failures.values()) == {0}
+
+
+def test_the_arithmetic_rewards_run_in_the_stages_process_and_the_environments_reward_is_passed_on_as_it_is():
+    batch = replace(_batch(), env_rewards=[0.5, -1.0, 0.0, 2.0])
+    with RewardScorer({"environment": 2.0, "length": 1.0, "overlong": 1.0}, timeout_seconds=60) as scorer:
+        total, parts, failures = scorer.score(batch)
+        assert not scorer._process.running  # no reward process: nothing of a task's or a user's code to guard against
+    assert parts["environment"].tolist() == [0.5, -1.0, 0.0, 2.0] and failures == {}
+    assert total.tolist() == pytest.approx([1.0 + 0.25, -2.0 + 0.125 - 0.5, 0.95, 4.0 - 1.0])
 
 
 def test_weights_combine_the_rewards():

@@ -16,9 +16,10 @@ from tasks.common.training import epoch_batch, make_deterministic
 from tasks.data.problems import Example
 from tasks.data.prompts import BARE
 from tasks.rl.learner import LoopState, Rollout
-from tasks.rl.placement import ActorEngine, Worker, place
+from tasks.rl.placement import place
 from tasks.rl.policy_gradient import learn, needed_roles
 from tasks.rl.rewards import REWARD_MODEL, RewardInputs
+from tasks.rl.role_handles import ActorEngine, ActorHandle, Roles, Worker
 from tasks.rl.sequences import pack_text
 from tasks.rl.trainer import collect
 from tasks.rl.workers import CriticWorker
@@ -84,12 +85,12 @@ def expected_score(round_: int, group: int, sample: int, informative: list[bool]
 
 
 def run_collect(pattern: list[list[bool]], cfg: RLConfig):
-    actor = Worker(FakeActor, (cfg.group_size,), None)
-    roles = {"actor": actor, "rollout": ActorEngine(actor)}  # the engine in the actor's process
+    actor = ActorHandle(Worker(FakeActor, (cfg.group_size,), None))
+    roles = Roles(actor=actor, rollout=ActorEngine(actor))  # the engine in the actor's process
     scorer = PatternScorer(pattern, cfg.group_size)
     state = LoopState()
     rollout, stats = collect(roles, scorer, EXAMPLES, cfg, state, SEED, new_clock())
-    return rollout, stats, roles["actor"].handle, state
+    return rollout, stats, roles.actor.local, state
 
 
 def expected_rows(batches: list[list[str]], pattern: list[list[bool]], keep: list[tuple[int, int]], group_size: int):
@@ -327,7 +328,7 @@ def test_a_toy_grpo_run_raises_its_mean_reward(model_dir, one_thread):
     params = Params(seed=SEED, device="cpu")
     make_deterministic(SEED)
     roles = place(params, cfg, model_dir, [], needed_roles(cfg))
-    assert set(roles) == {"actor", "reference", "rollout"} and not roles["rollout"].apart
+    assert roles.reference and not (roles.critic or roles.reward or roles.teacher) and not roles.rollout.apart
     tokenizer, scorer, state = load_tokenizer(model_dir), DigitScorer(), LoopState(kl_coef=cfg.kl_coef)
     examples = [Example("arithmetic", f"{a}+{b}=", str(a + b), "") for a in range(4) for b in range(4)]
     rewards, history = [], []

@@ -132,9 +132,9 @@ def _frozen_and_moved(path, overrides: list[str], monkeypatch) -> None:
     params = load_params("params.yaml", overrides)
     cfg = params.ppo
     roles = place(params, cfg, model_dir(cfg.init), member_dirs(), needed_roles(cfg))
-    reference = roles["reference"].call("weights").result()
-    reward = roles["reward"].call("weights").result()
-    actor = {name: t.clone() for name, t in roles["actor"].call("state").result()["model"].items()}
+    reference = roles.reference.weights().result()
+    reward = roles.reward.weights().result()
+    actor = {name: t.clone() for name, t in roles.actor.state().result()["model"].items()}
     examples, tokenizer = read_examples(DATA_DIR / "train.jsonl")[:16], load_tokenizer(model_dir(cfg.init))
     state, clock = LoopState(kl_coef=cfg.kl_coef), dict.fromkeys(("time/generate", "time/score", "time/train"), 0.0)
     with RewardScorer(cfg.rewards, cfg.reward_timeout_seconds) as scorer:
@@ -142,11 +142,11 @@ def _frozen_and_moved(path, overrides: list[str], monkeypatch) -> None:
             rollout: Rollout = score(roles, scorer, sample(roles, examples, 0), cfg, clock)
             metrics = learn(roles, rollout, tokenizer, cfg, state, clock)
     assert metrics["kl"] != 0.0, "after an update the actor must differ from the reference"
-    after_reference = roles["reference"].call("weights").result()
-    after_reward = roles["reward"].call("weights").result()
+    after_reference = roles.reference.weights().result()
+    after_reward = roles.reward.weights().result()
     assert all(torch.equal(reference[name], after_reference[name]) for name in reference)
     assert all(torch.equal(reward[name], after_reward[name]) for name in reward)
-    after_actor = roles["actor"].call("state").result()["model"]
+    after_actor = roles.actor.state().result()["model"]
     assert any(not torch.equal(actor[name], after_actor[name]) for name in actor)
 
 

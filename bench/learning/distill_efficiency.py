@@ -134,7 +134,7 @@ def on_policy_leg(project: Path, params: Params, iterations: int, every: int, te
     prompt_format = PromptFormat.of(params.task)
     learner = distillation_learner(cfg, project / TEACHER_DATA, tokenizer, prompt_format, params.seed)
     roles = place(params, cfg, init, [], learner.roles(cfg), teacher)
-    model, state = roles["actor"].handle.model, LoopState(kl_coef=cfg.kl_coef)
+    model, state = roles.actor.local.model, LoopState(kl_coef=cfg.kl_coef)
     evaluate_at, tokens = checkpoints(iterations, every), 0
     curve = [(0, 0, heldout_pass_at_1(model, tokenizer, test, params))]
     with RewardScorer(cfg.rewards, cfg.reward_timeout_seconds, cfg.reward_failure_warning) as scorer:

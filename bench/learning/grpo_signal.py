@@ -36,9 +36,10 @@ from tasks.params.load import load_params
 from tasks.rl import trainer as rl
 from tasks.rl.core_algos import ADVANTAGE_ESTIMATORS
 from tasks.rl.learner import LoopState, Rollout
-from tasks.rl.placement import Worker, place
+from tasks.rl.placement import place
 from tasks.rl.policy_gradient import learn, needed_roles
 from tasks.rl.rewards import RewardScorer
+from tasks.rl.role_handles import ActorHandle
 from tasks.rl.sequences import finished_response_ids
 from tasks.rollout.engine import Completion
 from tasks.stages.eval import greedy_responses
@@ -86,8 +87,8 @@ LEGS = {
 }
 
 
-def greedy_pass_at_1(actor: Worker, test: list[Example], max_new_tokens: int) -> float:
-    return greedy_responses(actor.handle.engine, test, max_new_tokens)[1][:, 1].float().mean().item()
+def greedy_pass_at_1(actor: ActorHandle, test: list[Example], max_new_tokens: int) -> float:
+    return greedy_responses(actor.local.engine, test, max_new_tokens)[1][:, 1].float().mean().item()
 
 
 def leg(project: Path, params: Params, name: str, iterations: int, every: int) -> list[float]:
@@ -100,7 +101,7 @@ def leg(project: Path, params: Params, name: str, iterations: int, every: int) -
     test = read_examples(project / "artifacts/data/test.jsonl")
     roles, tokenizer = place(params, cfg, init, [], needed_roles(cfg)), load_tokenizer(init)
     state = LoopState(kl_coef=cfg.kl_coef)
-    curve = [greedy_pass_at_1(roles["actor"], test, cfg.max_new_tokens)]
+    curve = [greedy_pass_at_1(roles.actor, test, cfg.max_new_tokens)]
     with RewardScorer(cfg.rewards, cfg.reward_timeout_seconds) as scorer:
         for iteration in tqdm(range(1, iterations + 1), desc=name):
             clock = dict.fromkeys(("time/generate", "time/score", "time/train"), 0.0)
@@ -108,7 +109,7 @@ def leg(project: Path, params: Params, name: str, iterations: int, every: int) -
             if rollout is not None:
                 learn(roles, train_on(rollout, tokenizer), tokenizer, cfg, state, clock)
             if iteration % every == 0:
-                curve.append(greedy_pass_at_1(roles["actor"], test, cfg.max_new_tokens))
+                curve.append(greedy_pass_at_1(roles.actor, test, cfg.max_new_tokens))
     return curve
 
 

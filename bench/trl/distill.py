@@ -132,7 +132,7 @@ def alignflow_leg(
             state.step = step + 1
             clocks.append(clock)
             lengths.append(metrics["response_length"])
-    roles["actor"].call("save", out, student).result()
+    roles.actor.save(out, student).result()
     split = {name.removeprefix("time/"): sum(c[name] for c in clocks[1:]) / sum(seconds[1:]) for name in clocks[0]}
     return seconds, {"split": split, "response_length": statistics.mean(lengths[1:])}
 

@@ -55,7 +55,7 @@ from tasks.common.training import epoch_batch
 from tasks.data.problems import Example, arithmetic
 from tasks.data.prompts import PromptFormat
 from tasks.rl.learner import LoopState
-from tasks.rl.placement import place, release
+from tasks.rl.placement import place
 from tasks.rl.policy_gradient import learn, needed_roles
 from tasks.rl.rewards import RewardScorer
 from tasks.rl.trainer import collect, rollout_metrics
@@ -133,7 +133,7 @@ def alignflow_leg(args, model_dir: Path, examples: list[Example], device: torch.
     # the worker picks deterministic kernels, as a stage does; warn_only: an op without a deterministic CUDA kernel
     # warns instead of stopping the bench
     torch.use_deterministic_algorithms(args.deterministic, warn_only=True)
-    actor = roles["actor"].handle
+    actor = roles.actor.local
     parameters = num_parameters(model_dir)  # the model's own, as the stage's MFU counts them (no adapters)
     seen, probes = dtype_probe(actor.model, actor.sampler)
     state = LoopState(kl_coef=cfg.kl_coef)
@@ -162,7 +162,7 @@ def alignflow_leg(args, model_dir: Path, examples: list[Example], device: torch.
             print(f"alignflow step {step + 1}: {steps[-1]['seconds']:.3f} s", flush=True)
     for probe in probes:
         probe.remove()
-    release(roles)
+    roles.close()
     timed = steps[1:]
     update_seconds, update_tokens = sum(s["update_seconds"] for s in timed), sum(s["update_tokens"] for s in timed)
     result = rates([s["seconds"] for s in steps], [s["completion_tokens"] for s in steps], len(rollout.completions))

@@ -140,9 +140,12 @@ def takes_example(tool: Tool) -> bool:
         return False
 
 
-def check_tool_tags(tokenizer: Any) -> None:
-    """TaskError unless the tool-call tags survive encoding then decoding with ``tokenizer``: otherwise the model
-    could never write a call that parses."""
+def check_tool_tags(module: ModuleType, tokenizer: Any) -> None:
+    """For a task with ``TOOLS``: TaskError unless the tool-call tags survive encoding then decoding with
+    ``tokenizer``, else the model could never write a call that parses. A stage that plays episodes checks once,
+    before the first."""
+    if not hasattr(module, "TOOLS"):
+        return
     text = f'{TOOL_CALL_OPEN}{{"name": "f", "arguments": {{}}}}{TOOL_CALL_CLOSE}'
     decoded = tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"], skip_special_tokens=True)
     if TOOL_CALL_OPEN not in decoded or TOOL_CALL_CLOSE not in decoded:
@@ -254,9 +257,9 @@ class EnvironmentHost:
     the worlds still in play are rebuilt by replaying their actions (environments are deterministic)."""
 
     def __init__(self, module: ModuleType, timeout: float, output_chars: int):
-        self.module, self.timeout, self.output_chars = module, timeout, output_chars
+        self.module, self.timeout = module, timeout
         self.tools = {tool.name: tool.parameters for tool in getattr(module, "TOOLS", [])}
-        self._sandbox: Sandbox | None = None
+        self._sandbox = Sandbox(_environment_handler, (module.__name__, output_chars))
         self._worlds: dict[int, WorldEnvironment] = {}
 
     def environment(self, key: int) -> "HostedEnvironment":
@@ -268,14 +271,14 @@ class EnvironmentHost:
 
     def call(self, kind: str, key: Any, argument: Any) -> tuple[str, Any]:
         """("ok", the answer) or ("error", why) of one request to the sandbox."""
-        while self._sandbox is None:
-            self._sandbox = Sandbox(_environment_handler, (self.module.__name__, self.output_chars))
+        while not self._sandbox.running:
+            self._sandbox.start()
             for world in list(self._worlds.values()):
                 world.lost = self._replay(world)
                 if not world.lost:
                     continue
                 del self._worlds[world.key]
-                if self._sandbox is None:  # the replay killed it: start again with the worlds left
+                if not self._sandbox.running:  # the replay killed it: start again with the worlds left
                     break
         return self._answer((kind, key, argument))
 
@@ -284,7 +287,7 @@ class EnvironmentHost:
         answered as it did the first time."""
         for request, answer in world.history():
             again = self._answer(request)
-            if self._sandbox is None:
+            if not self._sandbox.running:
                 return "lost with a sandbox that died"
             if again != answer:
                 return (
@@ -297,21 +300,17 @@ class EnvironmentHost:
         try:
             answered, result = self._sandbox.call(request, self.timeout)
         except SandboxDied:
-            self._sandbox = None
             return "error", "its process died"
         if not answered:
-            self._sandbox = None
             return "error", f"over agent.tool_timeout_seconds={self.timeout:g}"
         return result
 
     def release(self, key: int) -> None:
-        if self._worlds.pop(key, None) is not None and self._sandbox is not None:
+        if self._worlds.pop(key, None) is not None and self._sandbox.running:
             self.call("close", key, None)
 
     def close(self) -> None:
-        if self._sandbox is not None:
-            self._sandbox.kill()
-            self._sandbox = None
+        self._sandbox.close()
 
     def __enter__(self) -> "EnvironmentHost":
         return self

@@ -21,7 +21,7 @@ from tasks.common.config import RLConfig
 from tasks.common.training import epoch_batch
 from tasks.data.problems import Example
 from tasks.rl.learner import LoopState
-from tasks.rl.placement import Pending
+from tasks.rl.role_handles import Pending, Roles
 from tasks.rollout.engine import Completion
 
 
@@ -44,11 +44,11 @@ def draw(examples: list[Example], cfg: RLConfig, state: LoopState, seed: int) ->
     return batch
 
 
-def sample(roles: dict[str, Any], examples: list[Example], step: int) -> Sampled:
+def sample(roles: Roles, examples: list[Example], step: int) -> Sampled:
     """Hand ``examples`` to the rollout role during iteration ``step``: ``group_size`` responses of each (episodes,
     for a task with tools or an environment). An engine apart returns at once; one in the actor's process samples
     before returning."""
-    engines = roles["rollout"]
+    engines = roles.rollout
     pending = engines.play(examples) if engines.episodes else engines.generate([e.prompt for e in examples])
     return Sampled(examples, pending, step)
 
@@ -58,7 +58,7 @@ class RolloutsAhead:
 
     def __init__(
         self,
-        roles: dict[str, Any],
+        roles: Roles,
         examples: list[Example],
         cfg: RLConfig,
         seed: int,

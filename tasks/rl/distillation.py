@@ -37,8 +37,8 @@ from tasks.rl.learner import (
     prepare_scores,
     sampled_logprobs,
 )
-from tasks.rl.placement import Roles
 from tasks.rl.policy_gradient import policy_gradient_loss
+from tasks.rl.role_handles import Roles
 from tasks.rl.rollout_correction import mismatch_metrics
 from tasks.rl.sequences import finished_response_ids
 from tasks.rl.workers import ActorLoss, Metrics, Minibatch, old_logprobs_source
@@ -69,13 +69,13 @@ def learn_distillation(
     started = time.perf_counter()
     batch = rollout.packed(tokenizer)
     mask = batch.response_mask
-    teacher_call = roles["teacher"].call("logits" if loss.full_vocabulary else "logprobs", batch)
-    reference_call = roles["reference"].call("logprobs", batch) if "reference" in roles else None
+    teacher_call = roles.teacher.logits(batch) if loss.full_vocabulary else roles.teacher.logprobs(batch)
+    reference_call = roles.reference.logprobs(batch) if roles.reference else None
     sampled = sampled_logprobs(rollout.completions, mask) if rollout.on_policy else None
     source = old_logprobs_source(len(mask), cfg, rollout.on_policy)
     old_logprobs = sampled if source == "engine" else None
     if source == "actor":
-        old_logprobs = roles["actor"].call("logprobs", batch).result()
+        old_logprobs = roles.actor.logprobs(batch).result()
 
     advantages = torch.zeros_like(mask)
     if cfg.reward_coef and rollout.on_policy:
@@ -95,7 +95,7 @@ def learn_distillation(
     teacher_logits = teacher if loss.full_vocabulary else None
     rows = {"advantages": advantages, "ref_logprobs": ref_logprobs, "teacher_logits": teacher_logits}
     rows["engine_logprobs"] = sampled  # the rollout correction's μ; None on the teacher's responses
-    call = roles["actor"].call("update", batch, ActorLoss(partial(compute, kl_coef=state.kl_coef)), rows, old_logprobs)
+    call = roles.actor.update(batch, ActorLoss(partial(compute, kl_coef=state.kl_coef)), rows, old_logprobs)
     update, old = call.result()
     clock["time/train"] += time.perf_counter() - passed
     metrics |= update

@@ -27,7 +27,7 @@ import torch
 from tasks.common.config import RLConfig
 from tasks.data.judge import gold_utility
 from tasks.data.problems import Example
-from tasks.rl.placement import Roles
+from tasks.rl.role_handles import Roles
 from tasks.rollout.engine import Sampling
 
 GUARD_FILE = "guard.json"
@@ -72,9 +72,9 @@ class Guard:
         rates it best."""
         sampling = Sampling(cfg.max_new_tokens, n=cfg.group_size, temperature=cfg.temperature)
         prompts = [e.prompt for e in self.probe]
-        completions = roles["actor"].call("sample_current", prompts, sampling, seed).result()
+        completions = roles.actor.sample_current(prompts, sampling, seed).result()
         per_response = [prompts[c.prompt_index] for c in completions]
-        judged = roles["reward"].call("judge_scores", per_response, completions).result()
+        judged = roles.reward.judge_scores(per_response, completions).result()
         gold = [gold_utility(self.probe[c.prompt_index], c.text, c.env_reward) for c in completions]
         score = judged[self.signal].mean().item()
         metrics = {
@@ -84,7 +84,7 @@ class Guard:
         }
         if self.kept_step is None or score > self.kept_score + cfg.guard.min_gain:
             self.kept_step, self.kept_score = step, score
-            self.kept_weights = roles["actor"].call("weights").result()
+            self.kept_weights = roles.actor.weights().result()
         metrics["guard/kept_iteration"] = float(self.kept_step)
         self.probes.append({"step": step, **metrics})
         return metrics

@@ -15,7 +15,6 @@ import torch
 from tasks.algos.tokens import entropy_from_logits, masked_mean
 from tasks.common.config import OnlineDPOConfig
 from tasks.rl.learner import Learner, LoopState, Rollout, policy_metrics, reward_roles, sampled_logprobs
-from tasks.rl.placement import Roles
 from tasks.rl.preference_losses import (
     PREFERENCE_LOSSES,
     PairLogprobs,
@@ -23,6 +22,7 @@ from tasks.rl.preference_losses import (
     preference_loss,
     sequence_logprobs,
 )
+from tasks.rl.role_handles import Roles
 from tasks.rl.workers import ActorLoss, Metrics, Minibatch
 
 
@@ -71,10 +71,10 @@ def learn_preferences(
     rows = [*chosen.tolist(), *rejected.tolist()]
     completions = [rollout.completions[row] for row in rows]
     batch = rollout.packed(tokenizer, rows)
-    ref_logprobs = roles["reference"].call("logprobs", batch).result() if "reference" in roles else None
+    ref_logprobs = roles.reference.logprobs(batch).result() if roles.reference else None
     passed = time.perf_counter()
     clock["time/score"] += passed - started
-    metrics, logprobs = roles["actor"].call("update", batch, PAIRS, {"ref_logprobs": ref_logprobs}).result()
+    metrics, logprobs = roles.actor.update(batch, PAIRS, {"ref_logprobs": ref_logprobs}).result()
     clock["time/train"] += time.perf_counter() - passed
     mask = batch.response_mask
     return {

@@ -1,13 +1,13 @@
-"""Where an RL stage's roles run, and how the trainer calls them.
+"""Where an RL stage's roles run.
 
 ``place`` puts each role (``tasks/rl/workers.py``) in this process (``colocate``), on its own Ray actor with the
 resources ``roles`` gives it, or, for the trained roles with ``parallel.num_workers`` > 1, on a group of
 data-parallel Ray workers (``RoleGroup``: every rank runs every call, each on its share of the rows, gradients
-averaged over the ranks). The trainer calls all of them the same way, ``role.call(method, *args)``, which returns
-at once (a Ray actor's method is addressed by name); ``.result()`` waits, so calls on different roles run
-concurrently. The rollout role samples through the engine in the actor's process or through the replicas apart
-from it (``tasks/rollout/engine_group.py``), with plain calls either way: ``generate(prompts)``, or, for a task
-with tools or an environment (its ``episodes``), ``play(examples)``, which plays their episodes where the engine is.
+averaged over the ranks), and hands the trainer a typed handle for each (``tasks/rl/role_handles.py``), the same
+wherever the role runs. The rollout role samples through the engine in the actor's process or through the
+replicas apart from it (``tasks/rollout/engine_group.py``), with plain calls either way: ``generate(prompts)``, or,
+for a task with tools or an environment (its ``episodes``), ``play(examples)``, which plays their episodes where
+the engine is.
 """
 
 import contextlib
@@ -17,93 +17,22 @@ from typing import Any
 
 from tasks.common.config import ConfigError, Params, RLConfig, StageResources, engine_in_actor
 from tasks.common.distributed import RoleGroup
-from tasks.data.problems import Example
 from tasks.rl.reward_role import RewardWorker
+from tasks.rl.role_handles import (
+    ActorEngine,
+    ActorHandle,
+    AdapterReference,
+    CriticHandle,
+    FrozenHandle,
+    Placed,
+    RewardHandle,
+    Roles,
+    Worker,
+)
 from tasks.rl.workers import ActorWorker, CriticWorker, FrozenWorker
 from tasks.rollout.engine_group import EngineGroup, EngineWorker
 
 TRAINED_ROLES = ("actor", "critic")
-# The placed roles by name: each a Worker or a RoleGroup, but "rollout", an ActorEngine or an EngineGroup.
-Roles = dict[str, Any]
-
-
-class Pending:
-    """A call's result: already computed (colocated) or a Ray object to fetch."""
-
-    def __init__(self, value: Any, remote: bool):
-        self.value, self.remote = value, remote
-
-    def result(self) -> Any:
-        if not self.remote:
-            return self.value
-        import ray  # Ray only where a role runs on it: colocated roles load and run without it
-
-        return ray.get(self.value)
-
-    def ref(self) -> Any:
-        """The result as it is, to hand to another role: a Ray object stays unfetched."""
-        return self.value
-
-
-class Worker:
-    """One role, in this process or on a Ray actor; ``call`` returns a Pending either way."""
-
-    def __init__(self, role: type, args: tuple, resources: StageResources | None):
-        if resources is None:
-            self.handle, self.remote = role(*args), False
-        else:
-            import ray
-
-            actor = ray.remote(role).options(
-                num_cpus=resources.num_cpus,
-                num_gpus=resources.num_gpus,
-                memory=int(resources.memory_gb * 2**30) or None,
-            )
-            self.handle, self.remote = actor.remote(*args), True
-
-    def call(self, method: str, *args: Any) -> Pending:
-        if self.remote:
-            return Pending(getattr(self.handle, method).remote(*args), remote=True)
-        return Pending(getattr(self.handle, method)(*args), remote=False)
-
-    def close(self) -> None:
-        if self.remote:
-            import ray
-
-            ray.kill(self.handle)
-
-
-class ActorEngine:
-    """The rollout engine that lives in the actor's process (``engine_in_actor``): it samples from the actor's
-    own weights, so it takes none after an update."""
-
-    apart = False
-
-    def __init__(self, actor: Worker | RoleGroup, episodes: bool = False):
-        self.actor, self.episodes = actor, episodes
-
-    def generate(self, prompts: list[str]) -> Pending:
-        return self.actor.call("generate", prompts)
-
-    def play(self, examples: list[Example]) -> Pending:
-        return self.actor.call("play", examples)
-
-    def close(self) -> None:
-        """Nothing of its own to stop: the actor is released as itself."""
-
-
-class AdapterReference:
-    """The reference of a policy that trains through LoRA adapters: the actor's own model with its adapters
-    disabled (``ActorWorker.reference_logprobs``), not a second copy in memory."""
-
-    def __init__(self, actor: Worker | RoleGroup):
-        self.actor = actor
-
-    def call(self, method: str, *args: Any) -> Pending:
-        return self.actor.call(f"reference_{method}", *args)
-
-    def close(self) -> None:
-        """Nothing of its own to stop: the actor is released as itself."""
 
 
 def place(
@@ -121,44 +50,45 @@ def place(
     and the rollout engines (``rollout``: the actor's own engine when it lives in its process), which play
     ``episodes`` when the task has tools or an environment."""
     critic_dir = reward_dirs[0] if cfg.critic_init == "reward" and reward_dirs else policy_dir
-    roles = {
-        "actor": (ActorWorker, (params, cfg, policy_dir)),
-        "critic": (CriticWorker, (params, cfg, critic_dir)),
-        "reference": (FrozenWorker, (params, cfg, policy_dir)),
-        "reward": (RewardWorker, (params, cfg, reward_dirs, policy_dir)),
-        "teacher": (FrozenWorker, (params, cfg, teacher_dir)),
-    }
     if not cfg.colocate or not engine_in_actor(cfg):
         from tasks.common.cluster import connect_ray
 
         connect_ray(params.runner)
 
-    def start(name: str, role: type, args: tuple) -> Worker | RoleGroup:
-        if name in TRAINED_ROLES and cfg.parallel.num_workers > 1:
-            return RoleGroup(role, args, cfg.parallel, f"{section}.parallel")
-        return Worker(role, args, None if cfg.colocate else cfg.roles.get(name, StageResources()))
+    started: list[Any] = []  # in place before each starts: a failure releases those already up
 
-    started: Roles = {}
-    try:
-        adapter_reference = bool(cfg.lora.rank)
-        for name, (role, args) in roles.items():
-            if name == "actor" or (name in wanted and not (name == "reference" and adapter_reference)):
-                started[name] = start(name, role, args)
-        if adapter_reference and "reference" in wanted:
-            started["reference"] = AdapterReference(started["actor"])
-        if engine_in_actor(cfg):
-            started["rollout"] = ActorEngine(started["actor"], episodes)
+    def start(name: str, role: type, *args: Any) -> Placed:
+        if name in TRAINED_ROLES and cfg.parallel.num_workers > 1:
+            placed = RoleGroup(role, args, cfg.parallel, f"{section}.parallel")
         else:
+            placed = Worker(role, args, None if cfg.colocate else cfg.roles.get(name, StageResources()))
+        started.append(placed)
+        return placed
+
+    try:
+        actor = ActorHandle(start("actor", ActorWorker, params, cfg, policy_dir))
+        roles = Roles(actor=actor, rollout=ActorEngine(actor, episodes))
+        if "critic" in wanted:
+            roles.critic = CriticHandle(start("critic", CriticWorker, params, cfg, critic_dir))
+        if "reference" in wanted:
+            adapted = bool(cfg.lora.rank)
+            reference = AdapterReference(actor.placed) if adapted else None
+            roles.reference = reference or FrozenHandle(start("reference", FrozenWorker, params, cfg, policy_dir))
+        if "reward" in wanted:
+            roles.reward = RewardHandle(start("reward", RewardWorker, params, cfg, reward_dirs, policy_dir))
+        if "teacher" in wanted:
+            roles.teacher = FrozenHandle(start("teacher", FrozenWorker, params, cfg, teacher_dir))
+        if not engine_in_actor(cfg):
             resources = cfg.roles.get("rollout", StageResources())
             check_engines_fit(cfg.rollout_engines, resources, section)
-            # in place before they start: a failure releases them
-            engines = started["rollout"] = EngineGroup([], episodes)
+            roles.rollout = engines = EngineGroup([], episodes)
             for replica in range(cfg.rollout_engines):
-                engines.replicas.append(Worker(EngineWorker, (params, cfg, policy_dir, replica), resources))
+                engines.replicas.append(start("rollout", EngineWorker, params, cfg, policy_dir, replica))
     except BaseException:
-        release(started)
+        for placed in started:
+            placed.close()
         raise
-    return started
+    return roles
 
 
 def check_engines_fit(engines: int, resources: StageResources, section: str) -> None:
@@ -175,12 +105,6 @@ def check_engines_fit(engines: int, resources: StageResources, section: str) -> 
         )
 
 
-def release(roles: Roles) -> None:
-    """Stop the roles that run on Ray actors."""
-    for role in roles.values():
-        role.close()
-
-
 @contextlib.contextmanager
 def placed(*args: Any, **kwargs: Any) -> Iterator[Roles]:
     """``place``'s roles, released on exit."""
@@ -188,4 +112,4 @@ def placed(*args: Any, **kwargs: Any) -> Iterator[Roles]:
     try:
         yield roles
     finally:
-        release(roles)
+        roles.close()

@@ -34,12 +34,9 @@ from tasks.rl.learner import (
     reward_roles,
     sampled_logprobs,
 )
-from tasks.rl.placement import Roles
+from tasks.rl.role_handles import Roles
 from tasks.rl.rollout_correction import correction, is_corrected, mismatch_metrics
 from tasks.rl.workers import ActorLoss, Metrics, Minibatch, old_logprobs_source
-
-# (output name, role, method) of the passes over a packed rollout, run concurrently across roles
-_PASSES = (("logprobs", "actor", "logprobs"), ("ref_logprobs", "reference", "logprobs"), ("values", "critic", "values"))
 
 
 def needed_roles(cfg: RLConfig) -> set[str]:
@@ -94,15 +91,13 @@ def learn(
     engine_logprobs = sampled_logprobs(rollout.completions, mask)
     # Semi-online, the actor's own pass runs all the same: it measures parity and KL against the policy as it is.
     source = old_logprobs_source(len(mask), cfg)
-    pending = {
-        name: roles[role].call(method, batch)
-        for name, role, method in _PASSES
-        if role in roles and not (source == "update" and name == "logprobs")
-    }
-    out = {name: call.result() for name, call in pending.items()}
-    current_logprobs = out.get("logprobs")
+    passes = (
+        roles.actor.logprobs(batch) if source != "update" else None,
+        roles.reference.logprobs(batch) if roles.reference else None,
+        roles.critic.values(batch) if roles.critic else None,
+    )
+    current_logprobs, ref_logprobs, values = (p.result() if p is not None else None for p in passes)
     old_logprobs = engine_logprobs if source == "engine" else current_logprobs
-    ref_logprobs, values = out.get("ref_logprobs"), out.get("values")
     passed = time.perf_counter()
     clock["time/score"] += passed - started
 
@@ -114,8 +109,8 @@ def learn(
     )
     loss = ActorLoss(partial(policy_gradient_loss, kl_coef=state.kl_coef))
     rows = {"advantages": advantages, "ref_logprobs": ref_logprobs, "engine_logprobs": engine_logprobs}
-    actor_update = roles["actor"].call("update", batch, loss, rows, old_logprobs)
-    critic_update = roles["critic"].call("update", batch, values, returns) if "critic" in roles else None
+    actor_update = roles.actor.update(batch, loss, rows, old_logprobs)
+    critic_update = roles.critic.update(batch, values, returns) if roles.critic else None
     metrics, old_logprobs = actor_update.result()
     if critic_update is not None:
         metrics |= critic_update.result()

@@ -1,5 +1,6 @@
 """The reward role of an RL stage, and best-of-n's scorer: the frozen reward model's members (and its judge)
-scoring sampled responses (``tasks/rl/placement.py`` places it; ``tasks/rl/reward_kinds.py`` holds the kinds)."""
+scoring sampled responses (``tasks/rl/placement.py`` places it, ``tasks/rl/role_handles.py`` calls it;
+``tasks/rl/reward_kinds.py`` holds the kinds)."""
 
 import functools
 from pathlib import Path

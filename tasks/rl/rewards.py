@@ -22,13 +22,14 @@ the project directory or an installed package), next to the built-ins:
 - ``overlong``: DAPO's soft overlong punishment, 0 down to −1 over the last ``overlong_buffer`` tokens;
 - ``environment``: an episode's environment reward (0 for a single-turn response).
 
-Functions run in a separate process with a time budget per batch: a function that raises on a
-batch is retried response by response, and a response whose scoring raises or returns something
-other than a finite number (a string such as "1.0" included), a batch that runs out of time, or
-one whose process dies, scores 0 and is counted in the metrics (``errors/<name>``,
-``timeouts/<name>``, ``crashes/<name>``); when a function fails on more than
-``reward_failure_warning`` of a batch, the stage's log (and the Prefect run) says so with the
-first error. A bad reward function never stops training; a reward that is not finite, or beyond
+Functions that run code of a task or of yours (``accuracy``, ``format``, yours) run in a separate process with
+a time budget per batch; the others (``length``, ``overlong``, ``environment``: arithmetic on what the rollout
+already holds) run in the stage's own. A function that raises on a batch is retried response by response, and
+a response whose scoring raises or returns something other than a finite number (a string such as "1.0"
+included), a batch that runs out of time, or one whose process dies, scores 0 and is counted in the metrics
+(``errors/<name>``, ``timeouts/<name>``, ``crashes/<name>``); when a function fails on more than
+``reward_failure_warning`` of a batch, the stage's log (and the Prefect run) says so with the first error.
+A bad reward function never stops training; a reward that is not finite, or beyond
 ±1e6 after weighting, does (``tasks/rl/trainer.py``).
 """
 
@@ -76,7 +77,9 @@ class RewardInputs:
 
 
 RewardFunction = Callable[[RewardInputs], Sequence[float]]
-BUILT_IN: Registry[RewardFunction] = Registry("built-in reward")
+# runs_task_code: whether it calls the task's verifier (code of the task's author): such a function runs in the
+# reward process, under the time budget, as a function of yours does
+BUILT_IN: Registry[RewardFunction] = Registry("built-in reward", runs_task_code=True)
 
 
 def _env(batch: RewardInputs) -> list[float | None]:
@@ -95,19 +98,19 @@ def format_reward(batch: RewardInputs) -> list[float]:
     return [float(score_response(e, r, env)[0]) for e, r, env in graded]
 
 
-@BUILT_IN.register("length")
+@BUILT_IN.register("length", runs_task_code=False)
 def length(batch: RewardInputs) -> list[float]:
     return [1.0 - n / batch.max_new_tokens for n in batch.num_tokens]
 
 
-@BUILT_IN.register("overlong")
+@BUILT_IN.register("overlong", runs_task_code=False)
 def overlong(batch: RewardInputs) -> list[float]:
     return overlong_penalty(
         torch.tensor(batch.num_tokens), torch.tensor(batch.truncated), batch.max_new_tokens, batch.overlong_buffer
     ).tolist()
 
 
-@BUILT_IN.register("environment")
+@BUILT_IN.register("environment", runs_task_code=False)
 def environment(batch: RewardInputs) -> list[float]:
     return [0.0] * len(batch) if batch.env_rewards is None else list(batch.env_rewards)
 
@@ -166,30 +169,35 @@ def _reward_handler(names: list[str]) -> Callable[[tuple[str, RewardInputs]], tu
     return lambda request: _evaluate(functions[request[0]], request[1])
 
 
+def _in_process(name: str) -> bool:
+    return name in BUILT_IN and not BUILT_IN[name].runs_task_code
+
+
 class RewardScorer:
-    """The weighted sum of named reward functions, each evaluated out of process under a time budget."""
+    """The weighted sum of named reward functions: those that run code of a task or of yours out of process under
+    a time budget, the arithmetic ones here."""
 
     def __init__(self, weights: dict[str, float], timeout_seconds: float, warn_fraction: float = 0.5):
         self.weights = {name: weight for name, weight in weights.items() if name != REWARD_MODEL}
         for name in self.weights:
             resolve(name)  # a reward that cannot be imported is a configuration error, before any training
         self.timeout_seconds, self.warn_fraction = timeout_seconds, warn_fraction
-        self._process: Sandbox | None = None
+        self._process = Sandbox(_reward_handler, ([name for name in self.weights if not _in_process(name)],))
 
     def score(self, batch: RewardInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, int]]:
         """(weighted total (N,), each function's rewards by name, failure counts by metric name)."""
         total, per_function, failures = torch.zeros(len(batch)), {}, {}
         for name, weight in self.weights.items():
-            if self._process is None:
-                self._process = Sandbox(_reward_handler, (list(self.weights),))
-            try:
+            if _in_process(name):
+                per_function[name] = torch.tensor(_checked(BUILT_IN[name](batch), len(batch)))
+                total += weight * per_function[name]
+                continue
+            try:  # a function that hangs or crashes takes its process with it: the next call starts a fresh one
                 answered, result = self._process.call((name, batch), self.timeout_seconds)
             except SandboxDied:
-                self.close()  # the next batch gets a fresh process
                 answered, result = True, ([0.0] * len(batch), 0, "its process died")
                 failures[f"crashes/{name}"] = len(batch)
             if not answered:
-                self.close()  # a stuck function dies with its process; the next batch gets a fresh one
                 rewards, failures[f"timeouts/{name}"] = [0.0] * len(batch), len(batch)
                 first_error = f"over its {self.timeout_seconds:g} s budget"
             else:
@@ -204,9 +212,7 @@ class RewardScorer:
         return total, per_function, failures
 
     def close(self) -> None:
-        if self._process is not None:
-            self._process.kill()
-            self._process = None
+        self._process.close()
 
     def __enter__(self) -> "RewardScorer":
         return self

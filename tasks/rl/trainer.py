@@ -68,9 +68,10 @@ from tasks.rl.core_algos import adaptive_kl_coef, informative_groups
 from tasks.rl.gold_vs_proxy import peak, rl_curve, write_curve
 from tasks.rl.guard import Guard, guard_signal
 from tasks.rl.learner import Learner, LoopState, Rollout, RunningMoments
-from tasks.rl.placement import Roles, placed
+from tasks.rl.placement import placed
 from tasks.rl.policy_gradient import POLICY_GRADIENT
 from tasks.rl.rewards import REWARD_MODEL, RewardInputs, RewardScorer
+from tasks.rl.role_handles import Roles
 from tasks.rollout.engine import Completion, Sampling, truncated_rate
 
 # Rewards beyond this are a bug in a reward function, not a signal: normalising them would overflow.
@@ -88,8 +89,8 @@ def score(roles: Roles, scorer: RewardScorer, sampled: Sampled, cfg: RLConfig, c
     per_response = [sampled.examples[c.prompt_index] for c in completions]
     texts = [c.text for c in completions]
     pending = None
-    if "reward" in roles:
-        pending = roles["reward"].call("score", [e.prompt for e in per_response], completions)
+    if roles.reward:
+        pending = roles.reward.score([e.prompt for e in per_response], completions)
     inputs = RewardInputs(
         per_response,
         texts,
@@ -97,7 +98,7 @@ def score(roles: Roles, scorer: RewardScorer, sampled: Sampled, cfg: RLConfig, c
         [c.truncated for c in completions],
         cfg.max_new_tokens,
         cfg.overlong_buffer,
-        [c.episode.env_reward for c in completions] if roles["rollout"].episodes else None,
+        [c.episode.env_reward for c in completions] if roles.rollout.episodes else None,
     )
     total, components, failures = scorer.score(inputs)
     if pending is not None:
@@ -230,7 +231,7 @@ def heldout_gold_reward(roles: Roles, examples: list[Example], cfg: RLConfig, se
     """The current policy's mean gold reward on ``examples``, sampled as the rollouts are, from its own ``seed``
     (the probe leaves the run's random streams, and so its training, as they were)."""
     sampling = Sampling(cfg.max_new_tokens, n=cfg.group_size, temperature=cfg.temperature)
-    completions = roles["actor"].call("sample_current", [e.prompt for e in examples], sampling, seed).result()
+    completions = roles.actor.sample_current([e.prompt for e in examples], sampling, seed).result()
     gold = [gold_utility(examples[c.prompt_index], c.text, c.env_reward) for c in completions]
     return float(f"{sum(gold) / len(gold):.6g}")
 
@@ -277,8 +278,7 @@ def train(
     if len(examples) < cfg.rollout_batch_size:
         raise ValueError(f"{stage}: {len(examples)} training prompts, fewer than rollout_batch_size")
     task = task_module(task_of(examples))
-    if hasattr(task, "TOOLS"):
-        check_tool_tags(tokenizer)
+    check_tool_tags(task, tokenizer)
     wanted = learner.roles(cfg)
     if "reward" in wanted and not reward_dirs:
         raise ValueError(
@@ -298,7 +298,7 @@ def train(
         samples_at = (lambda step: learner.offline(step) is None) if learner.offline else (lambda step: True)
         ahead = RolloutsAhead(roles, examples, cfg, params.seed, samples_at) if cfg.max_staleness else None
         judge = judge_dir(reward_dirs[0].parent) if reward_dirs else None
-        signal = guard_signal(cfg, REWARD_MODEL in cfg.rewards and "reward" in roles, judge is not None)
+        signal = guard_signal(cfg, REWARD_MODEL in cfg.rewards and roles.reward is not None, judge is not None)
         guard = Guard(signal, examples[: cfg.guard.prompts]) if signal else None
         state, reference_reset = _resume(roles, checkpointer, cfg, ahead, guard)
         for logged_step, metrics in state.history:
@@ -326,8 +326,8 @@ def train(
                 if rollout is not None:
                     metrics |= rollout_metrics(rollout) if rollout.on_policy else {"offline_batch": 1.0}
                     metrics |= learner.learn(roles, rollout, tokenizer, cfg, state, clock)
-                    if roles["rollout"].apart:  # a sync, when one is due, hands the actor's weights to the engines
-                        roles["rollout"].load_weights(roles["actor"].call("weights_for_engines").ref())
+                    if roles.rollout.apart:  # a sync, when one is due, hands the actor's weights to the engines
+                        roles.rollout.load_weights(roles.actor.weights_for_engines().ref())
                 over_budget = cfg.kl_budget_stop and metrics.get("kl", 0.0) > cfg.kl_budget
                 if heldout and ((step + 1) % cfg.heldout_every == 0 or step + 1 == cfg.steps or over_budget):
                     metrics[HELDOUT] = heldout_gold_reward(roles, heldout, cfg, params.seed + step + 1)
@@ -341,8 +341,8 @@ def train(
                 )
             state.step = step + 1
             if cfg.ref_reset_every and state.step % cfg.ref_reset_every == 0:
-                reference_reset = roles["actor"].call("weights").result()
-                roles["reference"].call("load_weights", reference_reset).result()
+                reference_reset = roles.actor.weights().result()
+                roles.reference.load_weights(reference_reset).result()
             logged = {name: float(f"{value:.6g}") for name, value in metrics.items()}
             state.history.append((state.step, logged))
             log_step(live, state.step, logged)
@@ -391,10 +391,10 @@ def train(
             write_perf(live, numbers, timings)
         if guard:
             if guard.kept_step != state.step:  # the kept iteration's weights become the artifact
-                roles["actor"].call("restore", guard.kept_weights).result()
+                roles.actor.restore(guard.kept_weights).result()
             live.summary["guard/kept_iteration"] = guard.kept_step
             progress.write(f"{stage}: guard: {guard.report(state.step)['why']}")
-        roles["actor"].call("save", out, init_dir).result()
+        roles.actor.save(out, init_dir).result()
         if guard:
             guard.write(out, state.step)
         if state.episodes:
@@ -432,15 +432,15 @@ def _resume(
     probes and kept weights into ``guard``)."""
     if (checkpoint := checkpointer.load()) is None:
         return LoopState(kl_coef=cfg.kl_coef), None
-    for role in ("actor", "critic"):
-        if role in roles:
-            roles[role].call("load_state", checkpoint[role]).result()
-    if roles["rollout"].apart:
-        roles["rollout"].load_state(checkpoint["engines"]).result()
+    roles.actor.load_state(checkpoint["actor"]).result()
+    if roles.critic:
+        roles.critic.load_state(checkpoint["critic"]).result()
+    if roles.rollout.apart:
+        roles.rollout.load_state(checkpoint["engines"]).result()
         if cfg.sync_every == 1:  # the engines sample from the policy as it is
-            roles["rollout"].load_weights(roles["actor"].call("weights").ref()).result()
+            roles.rollout.load_weights(roles.actor.weights().ref()).result()
     if checkpoint["reference"] is not None:
-        roles["reference"].call("load_weights", checkpoint["reference"]).result()
+        roles.reference.load_weights(checkpoint["reference"]).result()
     set_rng_state(checkpoint["rng"])
     if ahead is not None:
         ahead.load_state(checkpoint["ahead"])
@@ -464,8 +464,9 @@ def _checkpoint(
     return {
         "guard": guard.state() if guard is not None else None,
         "ahead": ahead.state() if ahead is not None else None,  # first: the engines' state is theirs after these
-        **{role: roles[role].call("state").result() for role in ("actor", "critic") if role in roles},
-        "engines": roles["rollout"].state().result() if roles["rollout"].apart else None,
+        "actor": roles.actor.state().result(),
+        **({"critic": roles.critic.state().result()} if roles.critic else {}),
+        "engines": roles.rollout.state().result() if roles.rollout.apart else None,
         "reference": reference,
         "rng": rng_state(),
         "state": asdict(state),

@@ -1,5 +1,5 @@
 """The roles of an RL stage, each a self-contained worker that runs in the stage's process or as a Ray actor
-(``tasks/rl/placement.py`` places them and calls them):
+(``tasks/rl/placement.py`` places them; the trainer calls them through ``tasks/rl/role_handles.py``):
 
 - actor: the policy being trained, with its rollout engine (HF or vLLM, synced in place after each update) when
   the engine lives in its process (replicas apart from it: ``tasks/rollout/engine_group.py``);

@@ -4,6 +4,7 @@ own Ray actor that samples its share of a batch's prompts (or, for a task with t
 share of the examples' episodes, ``EpisodeRollout``) and takes the actor's weights when a sync is due."""
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -109,7 +110,7 @@ class Result(Protocol):
 
 
 class Replica(Protocol):
-    """An ``EngineWorker`` where it runs (``tasks/rl/placement.py``'s ``Worker``): its methods called by name."""
+    """An ``EngineWorker`` where it runs (``tasks/rl/role_handles.py``'s ``Worker``): its methods called by name."""
 
     def call(self, method: str, *args: Any) -> Result: ...
 
@@ -152,18 +153,18 @@ class EngineGroup:
         self.replicas, self.episodes = replicas, episodes
 
     def generate(self, prompts: list[str]) -> Result:
-        return self._shared("generate", prompts)
+        return self._shared(EngineWorker.generate, prompts)
 
     def play(self, examples: list[Example]) -> Result:
-        return self._shared("play", examples)
+        return self._shared(EngineWorker.play, examples)
 
-    def _shared(self, method: str, items: list[Any]) -> Result:
+    def _shared(self, method: Callable[..., list[Completion]], items: list[Any]) -> Result:
         """``method`` on each replica's contiguous share of ``items``, its results put back in their order."""
         sizes = [len(share) for share in torch.arange(len(items)).tensor_split(len(self.replicas))]
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
         return _Generation(
             [
-                (start, replica.call(method, items[start : start + size]))
+                (start, replica.call(method.__name__, items[start : start + size]))
                 for replica, start, size in zip(self.replicas, starts, sizes, strict=True)
             ]
         )
@@ -173,13 +174,14 @@ class EngineGroup:
         import ray  # the replicas run on Ray actors: the engine modules load without it
 
         shared = weights if weights is None or isinstance(weights, ray.ObjectRef) else ray.put(weights)
-        return _Each([replica.call("load_weights", shared) for replica in self.replicas])
+        return _Each([replica.call(EngineWorker.load_weights.__name__, shared) for replica in self.replicas])
 
     def state(self) -> Result:
-        return _Each([replica.call("state") for replica in self.replicas])
+        return _Each([replica.call(EngineWorker.state.__name__) for replica in self.replicas])
 
     def load_state(self, states: list[dict[str, Any]]) -> Result:
-        return _Each([replica.call("load_state", state) for replica, state in zip(self.replicas, states, strict=True)])
+        shares = zip(self.replicas, states, strict=True)
+        return _Each([replica.call(EngineWorker.load_state.__name__, state) for replica, state in shares])
 
     def close(self) -> None:
         for replica in self.replicas:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from tasks.common.config import AgentConfig
-from tasks.data.environments import EnvironmentHost, HostedEnvironment, check_tool_tags
+from tasks.data.environments import EnvironmentHost, HostedEnvironment
 from tasks.data.observations import ObservationFormat
 from tasks.data.problems import Example, TaskError
 from tasks.rollout.engine import Completion, EpisodeStats, RolloutEngine, Sampling
@@ -235,10 +235,8 @@ def play(
     agent: AgentConfig,
     max_total_tokens: int,
 ) -> list[Episode]:
-    """``run_episodes`` within ``agent``'s limits (params.agent), once the engine's tokenizer is known to write the
-    tool-call tags a tool task's model calls with."""
-    if hasattr(task_module, "TOOLS"):
-        check_tool_tags(engine.tokenizer)
+    """``run_episodes`` within ``agent``'s limits (params.agent). The stage checks once, before its first episode,
+    that the engine's tokenizer writes the tool-call tags (``check_tool_tags``)."""
     limits = (agent.max_turns, max_total_tokens, agent.tool_timeout_seconds, agent.tool_output_chars)
     return run_episodes(engine, examples, task_module, sampling, *limits)
 

@@ -19,7 +19,7 @@ from tasks.common.registry import StageRun
 from tasks.common.tracking import stage_live
 from tasks.common.training import make_deterministic
 from tasks.data.datasets import read_examples
-from tasks.data.environments import is_agent_task
+from tasks.data.environments import check_tool_tags, is_agent_task
 from tasks.data.judge import gold_utility
 from tasks.data.problems import Example, score_response, task_module, task_of
 from tasks.rollout.engine import Completion, RolloutEngine, Sampling
@@ -76,7 +76,7 @@ def evaluate_episodes(
     ``score`` on their final turn, with their turns, tool calls and tool errors, and the greedy episodes row by row
     (every turn, observation and reward)."""
     module = task_module(task_of(examples))
-
+    check_tool_tags(module, engine.tokenizer)
     greedy = play(engine, examples, module, Sampling(cfg.max_new_tokens, greedy=True), agent, max_total_tokens)
     sampling = Sampling(cfg.max_new_tokens, n=cfg.k, temperature=cfg.temperature)
     sampled = play(engine, examples, module, sampling, agent, max_total_tokens)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from models import context_length
 from tasks.common.config import Params, RejectionSamplingConfig
-from tasks.data.environments import is_agent_task
+from tasks.data.environments import check_tool_tags, is_agent_task
 from tasks.data.problems import Example, difficulty_label, has_verifier, score_response, task_module
 from tasks.rollout.engine import RolloutEngine, Sampling
 from tasks.rollout.episodes import play, trace
@@ -57,6 +57,7 @@ def _sampled(
     module = task_module(prompts[0].task)
     if not is_agent_task(module):
         return [(c.text, None, None) for c in engine.generate([e.prompt for e in prompts], sampling)]
+    check_tool_tags(module, engine.tokenizer)
     max_total_tokens = params.agent.max_total_tokens or context_length(policy)
     episodes = play(engine, prompts, module, sampling, params.agent, max_total_tokens)
     return [(e.final_text, trace(e, engine, prompts[e.prompt_index].prompt), e.env_reward) for e in episodes]
