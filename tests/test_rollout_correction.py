@@ -20,6 +20,7 @@ from tasks.rl.rollout_correction import (
     correction,
     importance_weights,
     mismatch_metrics,
+    off_policy,
 )
 from tasks.rl.workers import Minibatch
 
@@ -95,7 +96,8 @@ def test_each_rejection_keeps_exactly_the_ratios_within_its_bound(seed, bound, s
 @pytest.mark.parametrize("rejection", ["none", *REJECTIONS])
 def test_an_engine_that_agrees_with_the_trainer_changes_nothing(weights, rejection):
     old, _, mask = _logprobs(0)
-    factor = correction(old, old.clone(), mask, _corrected(weights, rejection, cap=1.0, bound=1.0))
+    settings = off_policy(_corrected(weights, rejection, cap=1.0, bound=1.0), len(mask))
+    factor = correction(old, old.clone(), mask, settings)
     assert torch.equal(factor[mask.bool()], torch.ones(int(mask.sum()), dtype=F64))
 
 
@@ -151,7 +153,7 @@ def test_the_policy_loss_is_the_surrogate_times_the_correction_and_the_weights_c
 
 def test_the_logged_metrics_say_how_far_the_engine_was_and_what_the_correction_did():
     old, engine, mask = _logprobs(5, spread=1.0)
-    metrics = mismatch_metrics(old, engine, mask, _corrected("token", "token", cap=2.0, bound=3.0))
+    metrics = mismatch_metrics(old, engine, mask, off_policy(_corrected("token", "token", cap=2.0, bound=3.0), 4))
     tokens = mask.bool()
     log_ratio = (old - engine)[tokens]
     assert metrics["mismatch_kl"] == pytest.approx((log_ratio.exp() - 1 - log_ratio).mean().item())
@@ -159,7 +161,8 @@ def test_the_logged_metrics_say_how_far_the_engine_was_and_what_the_correction_d
     assert metrics["is_truncated_fraction"] == pytest.approx((log_ratio > math.log(2.0)).double().mean().item())
     assert metrics["rejected_fraction"] == pytest.approx((log_ratio.abs() > math.log(3.0)).double().mean().item())
     assert 0 < metrics["rejected_fraction"] < 1 and 0 < metrics["is_truncated_fraction"] < 1  # neither case trivial
-    assert set(mismatch_metrics(old, engine, mask, RLConfig())) == {"mismatch_kl"}  # nothing corrected, nothing to say
+    nothing = off_policy(RLConfig(), 4)
+    assert set(mismatch_metrics(old, engine, mask, nothing)) == {"mismatch_kl"}  # nothing corrected, nothing to say
 
 
 def test_responses_no_engine_sampled_are_not_corrected():
@@ -173,3 +176,22 @@ def test_responses_no_engine_sampled_are_not_corrected():
     plain = agg_loss(surrogate, mask, cfg.loss_agg_mode, cfg.max_new_tokens)
     assert policy_gradient_loss(teachers, cfg, kl_coef=0.0)[0].item() == plain.item()
     assert policy_gradient_loss(sampled, cfg, kl_coef=0.0)[0].item() != plain.item()
+
+
+def test_one_function_decides_where_pi_old_comes_from_and_what_corrects_the_gap():
+    one_step = replace(RLConfig(), epochs=1, minibatch_size=8, kl_in_reward=False, sync_every=1)
+    assert off_policy(one_step, 8).old_logprobs == "update"  # the single step's own forward pass is π_old
+    assert off_policy(one_step, 9).old_logprobs == "actor"  # two minibatches: π_old must be fixed before the first
+    assert off_policy(replace(one_step, epochs=2), 8).old_logprobs == "actor"
+    assert off_policy(replace(one_step, kl_in_reward=True), 8).old_logprobs == "actor"  # the reward reads it first
+    semi_online = replace(one_step, sync_every=2)
+    assert off_policy(semi_online, 8).old_logprobs == "engine"  # the engine's older weights are π_old
+    assert off_policy(semi_online, 8, on_policy=False).old_logprobs == "update"  # a teacher's responses: no engine
+    settings = off_policy(_corrected("sequence", "geometric", cap=3.0, bound=4.0), 8)
+    assert (settings.weights, settings.weight_cap, settings.rejection, settings.rejection_bound) == (
+        "sequence",
+        3.0,
+        "geometric",
+        4.0,
+    )
+    assert settings.corrected and not off_policy(one_step, 8).corrected

@@ -39,9 +39,9 @@ from tasks.rl.learner import (
 )
 from tasks.rl.policy_gradient import policy_gradient_loss
 from tasks.rl.role_handles import Roles
-from tasks.rl.rollout_correction import mismatch_metrics
+from tasks.rl.rollout_correction import mismatch_metrics, off_policy
 from tasks.rl.sequences import finished_response_ids
-from tasks.rl.workers import ActorLoss, Metrics, Minibatch, old_logprobs_source
+from tasks.rl.workers import ActorLoss, Metrics, Minibatch
 from tasks.rollout.engine import Completion
 
 
@@ -72,7 +72,8 @@ def learn_distillation(
     teacher_call = roles.teacher.logits(batch) if loss.full_vocabulary else roles.teacher.logprobs(batch)
     reference_call = roles.reference.logprobs(batch) if roles.reference else None
     sampled = sampled_logprobs(rollout.completions, mask) if rollout.on_policy else None
-    source = old_logprobs_source(len(mask), cfg, rollout.on_policy)
+    settings = off_policy(cfg, len(mask), rollout.on_policy)
+    source = settings.old_logprobs
     old_logprobs = sampled if source == "engine" else None
     if source == "actor":
         old_logprobs = roles.actor.logprobs(batch).result()
@@ -101,7 +102,7 @@ def learn_distillation(
     metrics |= update
     if rollout.on_policy:
         metrics |= policy_metrics(sampled, old, ref_logprobs, mask, [c.engine for c in rollout.completions])
-        metrics |= mismatch_metrics(old, sampled, mask, cfg)
+        metrics |= mismatch_metrics(old, sampled, mask, settings)
     return metrics
 
 

@@ -35,8 +35,8 @@ from tasks.rl.learner import (
     sampled_logprobs,
 )
 from tasks.rl.role_handles import Roles
-from tasks.rl.rollout_correction import correction, is_corrected, mismatch_metrics
-from tasks.rl.workers import ActorLoss, Metrics, Minibatch, old_logprobs_source
+from tasks.rl.rollout_correction import correction, mismatch_metrics, off_policy
+from tasks.rl.workers import ActorLoss, Metrics, Minibatch
 
 
 def needed_roles(cfg: RLConfig) -> set[str]:
@@ -57,8 +57,9 @@ def policy_gradient_loss(minibatch: Minibatch, cfg: RLConfig, kl_coef: float) ->
         logprobs, old_logprobs, minibatch.inputs["advantages"], mask, eps_low=cfg.clip_low, eps_high=cfg.clip_high
     )
     engine_logprobs = minibatch.inputs.get("engine_logprobs")  # none for responses no engine sampled (a teacher's)
-    if engine_logprobs is not None and is_corrected(cfg):
-        losses = losses * correction(old_logprobs, engine_logprobs, mask, cfg)
+    settings = off_policy(cfg, len(mask))
+    if engine_logprobs is not None and settings.corrected:
+        losses = losses * correction(old_logprobs, engine_logprobs, mask, settings)
     policy_loss = agg_loss(losses, mask, cfg.loss_agg_mode, cfg.max_new_tokens)
     per_token = minibatch.per_token
     loss_weight = per_token if LOSS_AGG_MODES[cfg.loss_agg_mode].per == "tokens" else minibatch.per_item
@@ -90,7 +91,8 @@ def learn(
     mask = batch.response_mask
     engine_logprobs = sampled_logprobs(rollout.completions, mask)
     # Semi-online, the actor's own pass runs all the same: it measures parity and KL against the policy as it is.
-    source = old_logprobs_source(len(mask), cfg)
+    settings = off_policy(cfg, len(mask))
+    source = settings.old_logprobs
     passes = (
         roles.actor.logprobs(batch) if source != "update" else None,
         roles.reference.logprobs(batch) if roles.reference else None,
@@ -119,7 +121,7 @@ def learn(
     trainer_logprobs = current_logprobs if source == "engine" else old_logprobs
     engines = [c.engine for c in rollout.completions]
     metrics |= policy_metrics(engine_logprobs, trainer_logprobs, ref_logprobs, mask, engines)
-    metrics |= mismatch_metrics(old_logprobs, engine_logprobs, mask, cfg)
+    metrics |= mismatch_metrics(old_logprobs, engine_logprobs, mask, settings)
     if ref_logprobs is not None:
         metrics["kl_coef"] = state.kl_coef
     if values is not None:

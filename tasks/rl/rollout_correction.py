@@ -14,11 +14,16 @@ the per-token ratio π_old/μ and both detached (they reweight the surrogate, th
   geometric mean of its ratios (length-independent). A dropped token's loss is multiplied by 0 rather than taken
   out of the mean, so each data-parallel rank's share of the minibatch's mean stays what it was.
 
+``off_policy`` is the one place that decides, from an RL stage's params, where a rollout's π_old log-probs come
+from and which of these parts apply: every learner and the policy loss ask it.
+
 Shapes: (B, T) over response tokens; ``mask`` is 1.0 on the tokens that count.
 """
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -87,38 +92,71 @@ def importance_weights(cfg: RLConfig) -> str:
     return "token" if differs else "none"
 
 
-def is_corrected(cfg: RLConfig) -> bool:
-    return importance_weights(cfg) != "none" or cfg.rollout_correction.rejection != "none"
+@dataclass(frozen=True)
+class OffPolicy:
+    """How a learner treats a rollout that μ sampled: where π_old's log-probs come from, and how the surrogate is
+    corrected for the gap. Decided here alone, from an RL stage's params (``off_policy``)."""
+
+    # "engine": a semi-online engine (``sync_every`` > 1) sampled the responses with older weights than the actor's:
+    # that policy is π_old, and its log-probs are the ones the engine reported; "update": the actor takes a single
+    # step on the rollout and nothing reads π_old before it (the KL in the reward does, before the advantages):
+    # π_old is the actor as it is, whose log-probs the step's own forward pass gives (``ActorWorker.update``
+    # without them); "actor": otherwise, a pass of the actor before the update.
+    old_logprobs: Literal["engine", "update", "actor"]
+    weights: str  # an IS_WEIGHTS entry, or "none"
+    weight_cap: float
+    rejection: str  # a REJECTIONS entry, or "none"
+    rejection_bound: float
+
+    @property
+    def corrected(self) -> bool:
+        return self.weights != "none" or self.rejection != "none"
 
 
-def _corrected_parts(log_ratio: Tensor, mask: Tensor, cfg: RLConfig) -> tuple[Tensor | None, Tensor | None]:
-    """The stage's importance weights and which tokens its rejection rule keeps (None for a part that is off)."""
+def off_policy(cfg: RLConfig, rows: int, on_policy: bool = True) -> OffPolicy:
+    """The off-policy settings of a rollout of ``rows`` responses (``on_policy``: sampled by the policy's engine,
+    not taken from a dataset)."""
+    updates = cfg.epochs * math.ceil(rows / cfg.minibatch_size)  # the actor's optimizer steps: one per minibatch
+    if on_policy and cfg.sync_every > 1:
+        source = "engine"
+    elif updates == 1 and not cfg.kl_in_reward:
+        source = "update"
+    else:
+        source = "actor"
     settings = cfg.rollout_correction
-    weights = importance_weights(cfg)
+    return OffPolicy(
+        source, importance_weights(cfg), settings.weight_cap, settings.rejection, settings.rejection_bound
+    )
+
+
+def _corrected_parts(log_ratio: Tensor, mask: Tensor, settings: OffPolicy) -> tuple[Tensor | None, Tensor | None]:
+    """The importance weights and which tokens the rejection rule keeps (None for a part that is off)."""
+    weights, rejection = settings.weights, settings.rejection
     weight = None if weights == "none" else IS_WEIGHTS[weights](log_ratio, mask, settings.weight_cap)
-    rejection = settings.rejection
     kept = None if rejection == "none" else REJECTIONS[rejection](log_ratio, mask, settings.rejection_bound)
     return weight, kept
 
 
-def correction(old_logprobs: Tensor, engine_logprobs: Tensor, mask: Tensor, cfg: RLConfig) -> Tensor:
+def correction(old_logprobs: Tensor, engine_logprobs: Tensor, mask: Tensor, settings: OffPolicy) -> Tensor:
     """(B, T) the detached factor each token's surrogate loss is multiplied by: its importance weight, 0 where the
     rejection rule drops it (1 everywhere with both off)."""
     log_ratio = (old_logprobs - engine_logprobs).detach()
-    weight, kept = _corrected_parts(log_ratio, mask, cfg)
+    weight, kept = _corrected_parts(log_ratio, mask, settings)
     factor = torch.ones_like(log_ratio) if weight is None else weight
     return factor if kept is None else factor * kept
 
 
-def mismatch_metrics(old_logprobs: Tensor, engine_logprobs: Tensor, mask: Tensor, cfg: RLConfig) -> dict[str, float]:
+def mismatch_metrics(
+    old_logprobs: Tensor, engine_logprobs: Tensor, mask: Tensor, settings: OffPolicy
+) -> dict[str, float]:
     """What the rollout's engine-trainer gap was and what the correction made of it, logged every iteration:
     ``mismatch_kl`` (k3 estimate of KL(μ ‖ π_old) per token, on μ's samples), ``is_weight`` (the mean weight),
     ``is_truncated_fraction`` (tokens whose ratio the cap cut), ``rejected_fraction`` (tokens dropped)."""
     log_ratio = masked(old_logprobs - engine_logprobs, mask)
     metrics = {"mismatch_kl": masked_mean(kl_k3(engine_logprobs, old_logprobs), mask).item()}
-    weight, kept = _corrected_parts(log_ratio, mask, cfg)
+    weight, kept = _corrected_parts(log_ratio, mask, settings)
     if weight is not None:
-        uncapped = IS_WEIGHTS[importance_weights(cfg)](log_ratio, mask, float("inf"))
+        uncapped = IS_WEIGHTS[settings.weights](log_ratio, mask, float("inf"))
         metrics["is_weight"] = masked_mean(weight, mask).item()
         metrics["is_truncated_fraction"] = masked_mean((uncapped > weight).float(), mask).item()
     if kept is not None:

@@ -15,11 +15,10 @@ are its; what a minibatch minimises is the ``ActorLoss`` the learner hands it (`
 """
 
 import copy
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
@@ -65,27 +64,6 @@ from tasks.rollout.hf_engine import params_engine
 def _minibatches(size: int, minibatch_size: int, epochs: int) -> list[torch.Tensor]:
     """Row indices of every minibatch of ``epochs`` shuffled passes (torch's seeded generator)."""
     return [rows for _ in range(epochs) for rows in torch.randperm(size).split(minibatch_size)]
-
-
-def updates_per_rollout(rows: int, cfg: RLConfig) -> int:
-    """How many optimizer steps the actor takes on a rollout of ``rows`` responses: one per minibatch."""
-    return cfg.epochs * math.ceil(rows / cfg.minibatch_size)
-
-
-def old_logprobs_source(rows: int, cfg: RLConfig, on_policy: bool = True) -> Literal["engine", "update", "actor"]:
-    """Where π_old's log-probs of a rollout of ``rows`` responses come from, for every learner that reads them:
-
-    - "engine": a semi-online engine (``sync_every`` > 1) sampled the responses with older weights than the
-      actor's: that policy is π_old, and its log-probs are the ones the engine reported;
-    - "update": the actor takes a single step on the rollout, and nothing reads π_old before it (the KL in the
-      reward does, before the advantages): π_old is the actor as it is, whose log-probs the step's own forward pass
-      gives (``ActorWorker.update`` without them), so no pass of their own;
-    - "actor": otherwise, a pass of the actor before the update."""
-    if on_policy and cfg.sync_every > 1:
-        return "engine"
-    if updates_per_rollout(rows, cfg) == 1 and not cfg.kl_in_reward:
-        return "update"
-    return "actor"
 
 
 Metrics = dict[str, tuple[torch.Tensor, float]]  # name: (value, its weight in the average over the ranks)
