@@ -149,10 +149,9 @@ def test_grpo_plays_episodes_through_the_trainers_collect_and_learner(task, mode
     cfg = replace(cfg, rewards={"accuracy": 1.0, "environment": 1.0, "length": 0.1}, dynamic_sampling=False)
     examples = [task.generate(random.Random(i), None) for i in range(8)]
     make_deterministic(SEED)
-    roles = place(params, cfg, model_dir, [], needed_roles(cfg), episodes=True)
+    roles = place(params, cfg, model_dir, [], needed_roles(cfg))
     tokenizer, state = load_tokenizer(model_dir), LoopState(kl_coef=cfg.kl_coef)
     clock = dict.fromkeys(("time/generate", "time/score", "time/train"), 0.0)
-    assert roles.rollout.episodes
     with RewardScorer(cfg.rewards, 30.0) as scorer:
         for _ in range(cfg.steps):
             rollout, _ = collect(roles, scorer, examples, cfg, state, SEED, clock)

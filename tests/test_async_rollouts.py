@@ -31,13 +31,13 @@ class VersionedEngines:
     """Engines apart from the actor that sample the version of the weights they hold at the time of the call (as a
     Ray actor runs its calls in order): every completion's text is ``prompt@version``."""
 
-    apart, episodes = True, False
+    apart = True
 
     def __init__(self):
         self.version = 0
 
-    def generate(self, prompts: list[str]) -> Pending:
-        completions = [Completion(i, [1], [2], f"{p}@{self.version}", [-0.5]) for i, p in enumerate(prompts)]
+    def sample(self, examples: list[Example]) -> Pending:
+        completions = [Completion(i, [1], [2], f"{e.prompt}@{self.version}", [-0.5]) for i, e in enumerate(examples)]
         return Pending(completions, remote=False)
 
     def load_weights(self, version: int) -> None:

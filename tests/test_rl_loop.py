@@ -43,14 +43,15 @@ def new_clock() -> dict[str, float]:
 
 
 class FakeActor:
-    """An actor role whose ``generate`` returns ``group_size`` deterministic completions per prompt; the text of
+    """An actor role whose ``sample`` returns ``group_size`` deterministic completions per example; the text of
     sample s of prompt p is ``"p|s"``, so every row says which prompt and sample it is."""
 
     def __init__(self, group_size: int):
         self.group_size, self.batches = group_size, []
 
-    def generate(self, prompts: list[str]) -> list[Completion]:
-        self.batches.append(list(prompts))
+    def sample(self, examples: list[Example]) -> list[Completion]:
+        prompts = [example.prompt for example in examples]
+        self.batches.append(prompts)
         return [
             Completion(index, [1, 30 + index], [10 + index, 20 + sample], f"{prompt}|{sample}", [-0.5, -0.25])
             for index, prompt in enumerate(prompts)

@@ -48,9 +48,7 @@ def sample(roles: Roles, examples: list[Example], step: int) -> Sampled:
     """Hand ``examples`` to the rollout role during iteration ``step``: ``group_size`` responses of each (episodes,
     for a task with tools or an environment). An engine apart returns at once; one in the actor's process samples
     before returning."""
-    engines = roles.rollout
-    pending = engines.play(examples) if engines.episodes else engines.generate([e.prompt for e in examples])
-    return Sampled(examples, pending, step)
+    return Sampled(examples, roles.rollout.sample(examples), step)
 
 
 class RolloutsAhead:

@@ -5,9 +5,8 @@ resources ``roles`` gives it, or, for the trained roles with ``parallel.num_work
 data-parallel Ray workers (``RoleGroup``: every rank runs every call, each on its share of the rows, gradients
 averaged over the ranks), and hands the trainer a typed handle for each (``tasks/rl/role_handles.py``), the same
 wherever the role runs. The rollout role samples through the engine in the actor's process or through the
-replicas apart from it (``tasks/rollout/engine_group.py``), with plain calls either way: ``generate(prompts)``, or,
-for a task with tools or an environment (its ``episodes``), ``play(examples)``, which plays their episodes where
-the engine is.
+replicas apart from it (``tasks/rollout/engine_group.py``), with one call either way, ``sample(examples)``: their
+responses, or, for a task with tools or an environment, their episodes, played where the engine is.
 """
 
 import contextlib
@@ -43,12 +42,10 @@ def place(
     wanted: set[str],
     teacher_dir: Path | None = None,
     section: str = "rl",
-    episodes: bool = False,
 ) -> Roles:
     """Start the ``wanted`` roles (the actor always), colocated in this process or each on its own Ray actor; the
     trained ones on ``parallel.num_workers`` data-parallel workers (``section`` names their params in errors);
-    and the rollout engines (``rollout``: the actor's own engine when it lives in its process), which play
-    ``episodes`` when the task has tools or an environment."""
+    and the rollout engines (``rollout``: the actor's own engine when it lives in its process)."""
     critic_dir = reward_dirs[0] if cfg.critic_init == "reward" and reward_dirs else policy_dir
     if not cfg.colocate or not engine_in_actor(cfg):
         from tasks.common.cluster import connect_ray
@@ -67,7 +64,7 @@ def place(
 
     try:
         actor = ActorHandle(start("actor", ActorWorker, params, cfg, policy_dir))
-        roles = Roles(actor=actor, rollout=ActorEngine(actor, episodes))
+        roles = Roles(actor=actor, rollout=ActorEngine(actor))
         if "critic" in wanted:
             roles.critic = CriticHandle(start("critic", CriticWorker, params, cfg, critic_dir))
         if "reference" in wanted:
@@ -81,7 +78,7 @@ def place(
         if not engine_in_actor(cfg):
             resources = cfg.roles.get("rollout", StageResources())
             check_engines_fit(cfg.rollout_engines, resources, section)
-            roles.rollout = engines = EngineGroup([], episodes)
+            roles.rollout = engines = EngineGroup([])
             for replica in range(cfg.rollout_engines):
                 engines.replicas.append(start("rollout", EngineWorker, params, cfg, policy_dir, replica))
     except BaseException:

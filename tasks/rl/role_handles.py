@@ -116,11 +116,8 @@ class ActorHandle(_Handle):
     def sample_current(self, prompts: list[str], sampling: Sampling, seed: int) -> Pending[list[Completion]]:
         return self._run(ActorWorker.sample_current, prompts, sampling, seed)
 
-    def generate(self, prompts: list[str]) -> Pending[list[Completion]]:
-        return self._run(ActorWorker.generate, prompts)
-
-    def play(self, examples: list[Example]) -> Pending[list[Completion]]:
-        return self._run(ActorWorker.play, examples)
+    def sample(self, examples: list[Example]) -> Pending[list[Completion]]:
+        return self._run(ActorWorker.sample, examples)
 
     def weights(self) -> Pending[Weights | None]:
         return self._run(ActorWorker.weights)
@@ -203,14 +200,11 @@ class ActorEngine:
 
     apart = False
 
-    def __init__(self, actor: ActorHandle, episodes: bool = False):
-        self.actor, self.episodes = actor, episodes
+    def __init__(self, actor: ActorHandle):
+        self.actor = actor
 
-    def generate(self, prompts: list[str]) -> Pending[list[Completion]]:
-        return self.actor.generate(prompts)
-
-    def play(self, examples: list[Example]) -> Pending[list[Completion]]:
-        return self.actor.play(examples)
+    def sample(self, examples: list[Example]) -> Pending[list[Completion]]:
+        return self.actor.sample(examples)
 
     def close(self) -> None:
         """Nothing of its own to stop: the actor is released as itself."""

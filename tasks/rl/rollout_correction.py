@@ -124,9 +124,7 @@ def off_policy(cfg: RLConfig, rows: int, on_policy: bool = True) -> OffPolicy:
     else:
         source = "actor"
     settings = cfg.rollout_correction
-    return OffPolicy(
-        source, importance_weights(cfg), settings.weight_cap, settings.rejection, settings.rejection_bound
-    )
+    return OffPolicy(source, importance_weights(cfg), settings.weight_cap, settings.rejection, settings.rejection_bound)
 
 
 def _corrected_parts(log_ratio: Tensor, mask: Tensor, settings: OffPolicy) -> tuple[Tensor | None, Tensor | None]:

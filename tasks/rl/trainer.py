@@ -58,7 +58,7 @@ from tasks.common.training import (
     stop_on_divergence,
 )
 from tasks.data.datasets import check_prompt_lengths, read_examples
-from tasks.data.environments import check_tool_tags, is_agent_task
+from tasks.data.environments import check_tool_tags
 from tasks.data.judge import gold_utility
 from tasks.data.problems import Example, score_response, task_module, task_of
 from tasks.data.prompts import PromptFormat
@@ -98,7 +98,7 @@ def score(roles: Roles, scorer: RewardScorer, sampled: Sampled, cfg: RLConfig, c
         [c.truncated for c in completions],
         cfg.max_new_tokens,
         cfg.overlong_buffer,
-        [c.episode.env_reward for c in completions] if roles.rollout.episodes else None,
+        [c.episode.env_reward for c in completions] if completions and completions[0].episode else None,
     )
     total, components, failures = scorer.score(inputs)
     if pending is not None:
@@ -289,7 +289,7 @@ def train(
     teacher = [teacher_dir] if teacher_dir is not None else []
     checkpointer = Checkpointer(stage, config, [init_dir, train_file, *reward_dirs, *teacher, *learner.inputs])
     with (
-        placed(params, cfg, init_dir, reward_dirs, wanted, teacher_dir, section, is_agent_task(task)) as roles,
+        placed(params, cfg, init_dir, reward_dirs, wanted, teacher_dir, section) as roles,
         scorer,
         atomic_output(model_dir(stage)) as out,
         stage_live(stage) as live,

@@ -57,7 +57,7 @@ from tasks.data.problems import Example
 from tasks.rl.core_algos import clipped_value_loss
 from tasks.rl.sequences import PackedBatch, response_logprobs, shared_prompt_logits
 from tasks.rollout.engine import Completion, Sampling
-from tasks.rollout.engine_group import EpisodeRollout, make_engine, rollout_sampling
+from tasks.rollout.engine_group import TaskRollout, make_engine
 from tasks.rollout.hf_engine import params_engine
 
 
@@ -204,7 +204,7 @@ class ActorWorker(_TrainedRole):
         if engine_in_actor(cfg):
             self.sampler = self._sampler(model_dir)
             self.engine = make_engine(params, cfg, self.sampler, self.tokenizer, model_dir, params.seed)
-            self.episodes = EpisodeRollout.of(params, cfg, model_dir)
+            self.rollout = TaskRollout.of(params, cfg, model_dir)
 
     def _sampler(self, model_dir: Path) -> PreTrainedModel:
         if is_adapted(self.model):
@@ -213,15 +213,11 @@ class ActorWorker(_TrainedRole):
             return sampler.requires_grad_(False)
         return self.model if self.cfg.sync_every == 1 else copy.deepcopy(self.model).requires_grad_(False)
 
-    def generate(self, prompts: list[str]) -> list[Completion]:
+    def sample(self, examples: list[Example]) -> list[Completion]:
+        """A rollout of ``examples`` (``TaskRollout``), from the engine in this process."""
         # in the compute dtype, as the engines apart from the actor and the update's passes compute
         with autocast(self.sampler, self.cfg.precision):
-            return self.engine.generate(prompts, rollout_sampling(self.cfg))
-
-    def play(self, examples: list[Example]) -> list[Completion]:
-        """The episodes of ``examples`` (a task with tools or an environment), played as ``generate`` samples."""
-        with autocast(self.sampler, self.cfg.precision):
-            return self.episodes.play(self.engine, examples)
+            return self.rollout.sample(self.engine, examples)
 
     def sample_current(self, prompts: list[str], sampling: Sampling, seed: int) -> list[Completion]:
         """Samples of the policy as it is now (a semi-online engine may lag it), for held-out evaluation, drawn

@@ -1,10 +1,9 @@
 """The RL stages' rollout engines: one built for a policy (HF or vLLM, by ``rollout_backend``), and the replicas
 that run apart from the actor (``rollout_engines`` > 1, or a data-parallel actor), each a copy of the policy on its
-own Ray actor that samples its share of a batch's prompts (or, for a task with tools or an environment, plays its
-share of the examples' episodes, ``EpisodeRollout``) and takes the actor's weights when a sync is due."""
+own Ray actor that samples its share of a batch's examples (``TaskRollout``) and takes the actor's weights when a
+sync is due."""
 
 import dataclasses
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -15,6 +14,7 @@ from models import context_length, load_policy, load_tokenizer, resolve_device
 from models.trainable import compute_dtype
 from tasks.common.config import AgentConfig, Params, RLConfig
 from tasks.common.training import make_deterministic, rng_state, set_rng_state
+from tasks.data.environments import is_agent_task
 from tasks.data.problems import Example, task_module, task_of
 from tasks.data.prompts import PromptFormat
 from tasks.rollout.engine import Completion, RolloutEngine, Sampling
@@ -31,23 +31,25 @@ def rollout_sampling(cfg: RLConfig) -> Sampling:
 
 
 @dataclasses.dataclass(frozen=True)
-class EpisodeRollout:
-    """How an RL stage plays the episodes of a task with tools or an environment: ``group_size`` episodes of each
-    example, each model turn sampled as a single-turn rollout samples its response (``max_new_tokens``, the
-    temperature), within ``params.agent``'s limits."""
+class TaskRollout:
+    """How an RL stage samples a batch of its examples, wherever its engine runs: ``group_size`` responses of each
+    (``max_new_tokens``, the temperature), or, for a task with tools or an environment, ``group_size`` episodes of
+    each, every model turn sampled so, within ``params.agent``'s limits."""
 
     sampling: Sampling
     agent: AgentConfig
     max_total_tokens: int
 
     @classmethod
-    def of(cls, params: Params, cfg: RLConfig, model_dir: Path) -> "EpisodeRollout":
+    def of(cls, params: Params, cfg: RLConfig, model_dir: Path) -> "TaskRollout":
         max_total_tokens = params.agent.max_total_tokens or context_length(model_dir)
         return cls(rollout_sampling(cfg), params.agent, max_total_tokens)
 
-    def play(self, engine: RolloutEngine, examples: list[Example]) -> list[Completion]:
-        """The episodes as completions, grouped by example (``Episode.completion``)."""
+    def sample(self, engine: RolloutEngine, examples: list[Example]) -> list[Completion]:
+        """The completions, grouped by example; an episode's carries its turns (``Completion.episode``)."""
         module = task_module(task_of(examples))
+        if not is_agent_task(module):
+            return engine.generate([example.prompt for example in examples], self.sampling)
         episodes = play(engine, examples, module, self.sampling, self.agent, self.max_total_tokens)
         return [episode.completion() for episode in episodes]
 
@@ -79,13 +81,10 @@ class EngineWorker:
         self.model = load_policy(model_dir, device, dtype).requires_grad_(False)
         self.model.eval()
         self.engine = make_engine(params, cfg, self.model, load_tokenizer(model_dir), model_dir, seed)
-        self.episodes = EpisodeRollout.of(params, cfg, model_dir)
+        self.rollout = TaskRollout.of(params, cfg, model_dir)
 
-    def generate(self, prompts: list[str]) -> list[Completion]:
-        return self.engine.generate(prompts, rollout_sampling(self.cfg))
-
-    def play(self, examples: list[Example]) -> list[Completion]:
-        return self.episodes.play(self.engine, examples)
+    def sample(self, examples: list[Example]) -> list[Completion]:
+        return self.rollout.sample(self.engine, examples)
 
     def load_weights(self, weights: dict[str, torch.Tensor] | None) -> None:
         """Sample from ``weights`` from now on (None: no sync was due; keep sampling as before)."""
@@ -143,28 +142,22 @@ class _Each:
 
 class EngineGroup:
     """The rollout engine replicas apart from the actor: replica i samples the i-th contiguous share of a batch's
-    prompts (or plays the i-th share of its examples' episodes, when ``episodes``); after an actor update that makes
-    a sync due, every replica loads the actor's weights, handed over through Ray's object store (put once, read by
-    each). Each method returns at once; ``result()`` waits."""
+    examples (``TaskRollout``); after an actor update that makes a sync due, every replica loads the actor's
+    weights, handed over through Ray's object store (put once, read by each). Each method returns at once;
+    ``result()`` waits."""
 
     apart = True  # from the actor: they take its weights after its updates
 
-    def __init__(self, replicas: list[Replica], episodes: bool = False):
-        self.replicas, self.episodes = replicas, episodes
+    def __init__(self, replicas: list[Replica]):
+        self.replicas = replicas
 
-    def generate(self, prompts: list[str]) -> Result:
-        return self._shared(EngineWorker.generate, prompts)
-
-    def play(self, examples: list[Example]) -> Result:
-        return self._shared(EngineWorker.play, examples)
-
-    def _shared(self, method: Callable[..., list[Completion]], items: list[Any]) -> Result:
-        """``method`` on each replica's contiguous share of ``items``, its results put back in their order."""
-        sizes = [len(share) for share in torch.arange(len(items)).tensor_split(len(self.replicas))]
+    def sample(self, examples: list[Example]) -> Result:
+        """Each replica samples its contiguous share of ``examples``; the completions put back in their order."""
+        sizes = [len(share) for share in torch.arange(len(examples)).tensor_split(len(self.replicas))]
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
         return _Generation(
             [
-                (start, replica.call(method.__name__, items[start : start + size]))
+                (start, replica.call(EngineWorker.sample.__name__, examples[start : start + size]))
                 for replica, start, size in zip(self.replicas, starts, sizes, strict=True)
             ]
         )
