@@ -51,8 +51,10 @@ FEW_STEPS = (
         rollout_batch_size=2,
         group_size=2,
         minibatch_size=4,
+        max_new_tokens=8,
     ),
-    "ppo.max_new_tokens=8",
+    # the guard's probes before and after the one iteration: 64 prompts each by default
+    *_each(("ppo", "grpo_final"), **{"guard.prompts": 2}),
     "online_dpo.heldout_prompts=2",
     "online_dpo.heldout_every=1",
     "eval.max_new_tokens=8",
