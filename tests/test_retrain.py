@@ -185,17 +185,18 @@ def test_a_shard_as_correct_but_three_times_longer_is_rejected_by_the_length_gua
     prefect_env, tmp_path
 ):
     """pass@1 alone would promote a model that pads its answers: the default response_length guard rejects it."""
-    # room for the padded solutions and the answers they teach
-    room = ("sft.max_length=192", "eval.max_new_tokens=128")
+    # Room for the padded solutions and the answers they teach; half the story's steps and data: the length of the
+    # answers is learnt long before their arithmetic.
+    room = ("sft.max_length=192", "eval.max_new_tokens=128", "sft.max_steps=100", "data.num_train=3000")
     room += tuple(f"{model}.max_position_embeddings=192" for model in ("base", "reward_backbone", "student_base"))
     project = make_project(tmp_path / "project", (*STORY, *room))
     params = load_params(project / "params.yaml", ["data.train_file=null"])
     train, _ = generate_splits(params.task, params.data.num_train, params.data.num_test, params.seed)
     (project / "data/shards").mkdir()
-    write_jsonl(project / "data/shards/1.jsonl", train[:2000])
+    write_jsonl(project / "data/shards/1.jsonl", train[:1000])
     assert retrain(project, prefect_env)["promoted"]
 
-    write_jsonl(project / "data/shards/2.jsonl", [padded(e) for e in train[2000:]])  # two thirds of the new data
+    write_jsonl(project / "data/shards/2.jsonl", [padded(e) for e in train[1000:]])  # two thirds of the new data
     rejected = retrain(project, prefect_env)
     assert not rejected["promoted"] and "response_length rose" in rejected["reason"], rejected
     assert rejected["candidate"]["response_length"] > rejected["champion"]["response_length"] + 16
