@@ -16,7 +16,7 @@ pipeline: $(INSTALLED)
 # on the cores, so two of them share this 2-core machine well. Files start in tests/conftest.py's order, longest
 # first (xdist would start the files with the most tests first, and the one-test retraining story last).
 test: $(INSTALLED) lint
-	$(BIN)/python -m pytest -ra --durations=10 -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -ra --durations=40 -n 2 --dist loadfile --no-loadscope-reorder
 
 # Everything but the tests marked slow (end-to-end pipelines, Prefect servers): the quick loop while editing.
 test-fast: $(INSTALLED) lint
