@@ -166,7 +166,7 @@ def test_the_actors_own_engine_samples_in_the_compute_dtype(model_dir):
         seen: list[torch.dtype] = []
         layer = actor.model.model.layers[0].self_attn.q_proj
         hook = layer.register_forward_hook(lambda module, inputs, output, seen=seen: seen.append(output.dtype))
-        actor.generate(["12+30="])
+        actor.sample([Example("arithmetic", "12+30=", "42", "")])
         actor.sample_current(["98-7="], Sampling(4, n=1, temperature=1.0), seed=0)
         hook.remove()
         assert seen and set(seen) == {expected}, (precision, set(seen))

@@ -62,6 +62,11 @@ def place(
         started.append(placed)
         return placed
 
+    def start_engine(replica: int, resources: StageResources) -> Worker:
+        """A rollout engine apart from the actor: on a Ray actor of its own, colocated stage or not."""
+        started.append(Worker(EngineWorker, (params, cfg, policy_dir, replica), resources))
+        return started[-1]
+
     try:
         actor = ActorHandle(start("actor", ActorWorker, params, cfg, policy_dir))
         roles = Roles(actor=actor, rollout=ActorEngine(actor))
@@ -79,8 +84,7 @@ def place(
             resources = cfg.roles.get("rollout", StageResources())
             check_engines_fit(cfg.rollout_engines, resources, section)
             roles.rollout = engines = EngineGroup([])
-            for replica in range(cfg.rollout_engines):
-                engines.replicas.append(start("rollout", EngineWorker, params, cfg, policy_dir, replica))
+            engines.replicas += [start_engine(replica, resources) for replica in range(cfg.rollout_engines)]
     except BaseException:
         for placed in started:
             placed.close()
