@@ -29,7 +29,6 @@ from prefect.exceptions import TerminationSignal
 from prefect.futures import PrefectFuture, wait
 from pydantic import BaseModel
 
-from flows import warm_runner
 from flows.overrides import changed_overrides, form_model
 from flows.remote import push
 from flows.report import collect, markdown_table, stage_metrics
@@ -214,7 +213,6 @@ def run_pipeline(name: str, overrides: list[str], project: Path, push_after: boo
         run_lock(project),
         overrides_written(project / "params.yaml", overrides),
         pipeline_run(name, params.tracking),  # the stages' MLflow parent run and TensorBoard folder
-        warm_runner.started() as runner_log,  # stages on this machine fork from it, not import torch anew
     ):
         if overrides:
             logger.info(f"params.yaml updated with {', '.join(overrides)}")
@@ -237,9 +235,6 @@ def run_pipeline(name: str, overrides: list[str], project: Path, push_after: boo
             raise
         finally:
             release_ray()
-            if runner_log is not None:
-                served = warm_runner.served(runner_log)
-                logger.info(f"warm runner: {len(served['warm'])} stage(s) forked, {len(served['cold'])} run cold")
         report = collect(project)
         if push_after and params.remote.push:
             pushed, outcome = push(project, params.remote)

@@ -178,9 +178,7 @@ def execute(project: Path, stage: StageSpec, runner: RunnerConfig, on_line: Call
     """Run ``stage.cmd`` on Ray in ``project``, forwarding its output line by line; StageFailed if it fails.
 
     The stage gets this process's environment, not the Ray worker's: Ray sets thread counts per
-    worker, and a stage must compute with the same threads (so the same bits) as under ``dvc repro``. That
-    environment names the flow's warm runner (``flows/warm_runner.py``): a stage on this machine forks from it, one
-    on another node of the cluster runs cold.
+    worker, and a stage must compute with the same threads (so the same bits) as under ``dvc repro``.
     """
     resources = resources_for(stage.name, runner)
     log_path = project / LOGS / f"{stage.name.replace('@', '-')}.log"

@@ -95,18 +95,6 @@ def started() -> Iterator[str | None]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def served(log_path: str) -> dict[str, list[str]]:
-    """What the runner whose log is ``log_path`` did so far: the stages it forked ("warm") and those it left to run
-    cold ("cold"), each as ``alignflow stage ...``."""
-    done: dict[str, list[str]] = {"warm": [], "cold": []}
-    with open(log_path) as log:
-        for line in log.read().splitlines():
-            first, _, command = line.partition(" ")
-            if command.startswith("alignflow "):
-                done["cold" if first == "cold" else "warm"].append(command)
-    return done
-
-
 def run_warm(argv: list[str]) -> int | None:
     """Run ``alignflow argv`` in a child of the warm runner: its exit status, or None when it should run cold."""
     path = os.environ.get(ENV_VAR)

@@ -2,7 +2,6 @@
 
 import concurrent.futures
 import json
-import re
 import signal
 import subprocess
 import threading
@@ -63,9 +62,6 @@ def test_prefect_flow_and_dvc_repro_leave_identical_lock_hashes(uninterrupted, p
     result = run_flow(make_project(tmp_path), prefect_env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert lock_entries(tmp_path) == uninterrupted["lock"]
-    # The stages on Ray forked from the flow's warm runner (those before it was ready ran as processes of their own)
-    forked = re.search(r"warm runner: (\d+) stage\(s\) forked, (\d+) run cold", result.stdout + result.stderr)
-    assert forked and int(forked[1]) >= 1 and forked[2] == "0", result.stdout + result.stderr
     # Every stage published its summary, and the flow its report.
     status, artifacts = _request(f"{prefect_env['PREFECT_API_URL']}/artifacts/filter", {})
     keys = {artifact["key"] for artifact in artifacts}
