@@ -109,7 +109,11 @@ class ActorHandle(_Handle):
         return self._run(ActorWorker.logprobs, batch)
 
     def update(
-        self, batch: PackedBatch, loss: ActorLoss, rows: dict[str, torch.Tensor | None], old_logprobs: Any = None
+        self,
+        batch: PackedBatch,
+        loss: ActorLoss,
+        rows: dict[str, torch.Tensor | None],
+        old_logprobs: torch.Tensor | None = None,
     ) -> Pending[tuple[dict[str, float], torch.Tensor]]:
         return self._run(ActorWorker.update, batch, loss, rows, old_logprobs)
 
