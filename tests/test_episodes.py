@@ -3,6 +3,7 @@
 
 import importlib
 import json
+import multiprocessing
 import sys
 import textwrap
 from dataclasses import replace
@@ -24,7 +25,7 @@ from tasks.data.prompts import BARE
 from tasks.rollout.engine import Completion, Sampling
 from tasks.rollout.episodes import episode_tensors, run_episodes
 from tasks.rollout.hf_engine import HFEngine
-from tasks.stages.eval import evaluate_episodes
+from tasks.stages.eval import evaluate
 
 TOOLBOX = """
 import os, time
@@ -281,7 +282,7 @@ def test_eval_of_a_tool_task_grades_episodes_on_their_final_turn(tasks):
     params = Params()
     scripted = Scripted(build_char_tokenizer(), [call("add", '{"a": 1, "b": 2}'), "46", call("boom"), "7"])
     example = replace(EXAMPLES[0], task="toolbox_task")
-    metrics, rows = evaluate_episodes(scripted, [example], replace(params.eval, k=2), params.agent, 4096)
+    metrics, rows = evaluate(scripted, [example], replace(params.eval, k=2), params.agent, 4096)
     assert metrics["pass@1"] == 1.0 and metrics["sample_accuracy"] == 0.0  # greedy: 46, sampled: 7 twice
     assert (metrics["turns"], metrics["tool_calls"], metrics["tool_errors"], metrics["max_turns_rate"]) == (2, 1, 0, 0)
     (row,) = rows
@@ -382,7 +383,9 @@ def assert_token_exact(episodes, sampled: list[list[Completion]], model, tempera
         assert torch.allclose(logprobs[mask], torch.tensor(episode.logprobs[1:])[mask], atol=1e-3)
 
 
-def test_a_single_turn_task_gets_exactly_the_engines_completions(bpe_model, tasks):  # noqa: F811
+def test_a_single_turn_task_is_the_one_turn_episode_of_exactly_the_engines_completion(bpe_model, tasks):  # noqa: F811
+    """The RL rollout, eval and rejection sampling play every task's episodes: a task without tools or a world gets
+    the engine's completions as they came, starting no sandbox process."""
     model, tokenizer = LlamaForCausalLM.from_pretrained(bpe_model), load_tokenizer(bpe_model)
     engine = HFEngine(model, tokenizer, 8, TEMPLATE)
     sampling = Sampling(8, n=3, temperature=0.9)
@@ -391,6 +394,8 @@ def test_a_single_turn_task_gets_exactly_the_engines_completions(bpe_model, task
     make_deterministic(0)
     plain = importlib.import_module("tasks.data.problems.arithmetic")
     episodes = run_episodes(engine, EXAMPLES, plain, sampling, 4, 4096)
+    assert [episode.completion() for episode in episodes] == completions  # no turns to report: episode None
+    assert not multiprocessing.active_children()
     for completion, episode in zip(completions, episodes, strict=True):
         assert episode.token_ids == completion.prompt_ids + completion.token_ids
         assert episode.final_text == completion.text and episode.turns == 1 and episode.tool_calls == 0

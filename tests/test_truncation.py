@@ -6,8 +6,10 @@ from dataclasses import replace
 import pytest
 import torch
 
+from models.tokenizer import build_char_tokenizer
 from tasks.common.config import Params
 from tasks.data.datasets import generate_splits
+from tasks.data.prompts import BARE
 from tasks.rl.learner import Rollout
 from tasks.rl.trainer import rollout_metrics
 from tasks.rollout.engine import Completion, Sampling
@@ -24,17 +26,19 @@ class CuttingEngine:
 
     def __init__(self, examples, cut: set[int]):
         self.examples, self.cut = examples, cut
+        self.tokenizer, self.prompt_format = build_char_tokenizer(), BARE
+        self.stop_ids = [self.tokenizer.eos_token_id]
 
-    def generate(self, prompts: list[str], sampling: Sampling) -> list[Completion]:
+    def generate_ids(self, prompt_ids: list[list[int]], sampling: Sampling) -> list[Completion]:
         return [
-            Completion(i, [1], [2], self.examples[i].solution, [0.0], truncated=i in self.cut)
-            for i in range(len(prompts))
+            Completion(i, prompt_ids[i], [2], self.examples[i].solution, [0.0], truncated=i in self.cut)
+            for i in range(len(prompt_ids))
             for _ in range(sampling.n)
         ]
 
 
 def test_eval_reports_the_share_of_greedy_responses_cut_off():
-    metrics, _ = evaluate(CuttingEngine(TEST, cut={1}), TEST, replace(PARAMS.eval, k=2))
+    metrics, _ = evaluate(CuttingEngine(TEST, cut={1}), TEST, replace(PARAMS.eval, k=2), PARAMS.agent, 4096)
     assert metrics["truncated_rate"] == 0.25
 
 

@@ -10,15 +10,14 @@ from typing import Any, Protocol
 import torch
 from transformers import PreTrainedModel
 
-from models import context_length, load_policy, load_tokenizer, resolve_device
+from models import load_policy, load_tokenizer, resolve_device
 from models.trainable import compute_dtype
-from tasks.common.config import AgentConfig, Params, RLConfig
+from tasks.common.config import Params, RLConfig
 from tasks.common.training import make_deterministic, rng_state, set_rng_state
-from tasks.data.environments import is_agent_task
 from tasks.data.problems import Example, task_module, task_of
 from tasks.data.prompts import PromptFormat
 from tasks.rollout.engine import Completion, RolloutEngine, Sampling
-from tasks.rollout.episodes import play
+from tasks.rollout.episodes import episode_limits, play
 from tasks.rollout.hf_engine import params_engine
 
 # Seeds of the engine replicas, apart from the actor's (params.seed) and the critic's (params.seed + 1)
@@ -32,26 +31,23 @@ def rollout_sampling(cfg: RLConfig) -> Sampling:
 
 @dataclasses.dataclass(frozen=True)
 class TaskRollout:
-    """How an RL stage samples a batch of its examples, wherever its engine runs: ``group_size`` responses of each
-    (``max_new_tokens``, the temperature), or, for a task with tools or an environment, ``group_size`` episodes of
-    each, every model turn sampled so, within ``params.agent``'s limits."""
+    """How an RL stage samples a batch of its examples, wherever its engine runs: ``group_size`` episodes of each,
+    every model turn sampled with ``max_new_tokens`` at the temperature, within ``params.agent``'s limits (a task
+    without tools or an environment: one turn, the response, within the model's context)."""
 
     sampling: Sampling
-    agent: AgentConfig
-    max_total_tokens: int
+    params: Params
+    model_dir: Path
 
     @classmethod
     def of(cls, params: Params, cfg: RLConfig, model_dir: Path) -> "TaskRollout":
-        max_total_tokens = params.agent.max_total_tokens or context_length(model_dir)
-        return cls(rollout_sampling(cfg), params.agent, max_total_tokens)
+        return cls(rollout_sampling(cfg), params, model_dir)
 
     def sample(self, engine: RolloutEngine, examples: list[Example]) -> list[Completion]:
         """The completions, grouped by example; an episode's carries its turns (``Completion.episode``)."""
         module = task_module(task_of(examples))
-        if not is_agent_task(module):
-            return engine.generate([example.prompt for example in examples], self.sampling)
-        episodes = play(engine, examples, module, self.sampling, self.agent, self.max_total_tokens)
-        return [episode.completion() for episode in episodes]
+        limits = episode_limits(self.params, module, self.model_dir)
+        return [episode.completion() for episode in play(engine, examples, module, self.sampling, *limits)]
 
 
 def make_engine(

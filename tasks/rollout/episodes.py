@@ -4,18 +4,23 @@ Nothing the model sampled is decoded and encoded again between turns: its ids ar
 tokenizer need not give them back from their text: a merge across the turn's end, or sampled ids that are not the
 canonical encoding of their text, would change what the trainer scores). Only an observation's text is encoded,
 as the chat template's tool turn followed by the next assistant turn's header, or, for a model without a template,
-as ``"\\n<tool_response>" + text + "</tool_response>\\n"``. A single-turn task is the one-turn case: one round,
-the completion the engine gives.
+as ``"\\n<tool_response>" + text + "</tool_response>\\n"``. A task without tools or an environment is the
+one-turn case, through the same path: one round, the completion the engine gives, no process started for it
+(its turn reports nothing an episode would: ``Episode.interactive``).
 """
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from tasks.common.config import AgentConfig
-from tasks.data.environments import EnvironmentHost, HostedEnvironment
+from models import context_length
+from tasks.common.config import AgentConfig, Params
+from tasks.data.environments import EnvironmentHost, HostedEnvironment, is_agent_task
 from tasks.data.observations import ObservationFormat
 from tasks.data.problems import Example, TaskError
 from tasks.rollout.engine import Completion, EpisodeStats, RolloutEngine, Sampling
@@ -40,10 +45,15 @@ class Episode:
     env_reward: float  # the sum of the environment's rewards
     final_text: str  # the last model turn, decoded: what ``score`` grades
     messages: list[dict[str, Any]]  # every turn's role and content (an observation's reward too), for display
+    interactive: bool = True  # the task has tools or an environment; False: a single-turn task's one turn
 
     def completion(self) -> Completion:
-        """The episode as a rollout's completion: its opening prompt, then every turn and observation after it."""
+        """The episode as a rollout's completion: its opening prompt, then every turn and observation after it (a
+        single-turn task's: the engine's completion as it came, with no turns to report)."""
         start = self.prompt_length
+        if not self.interactive:
+            ids, logprobs = self.token_ids[start:], self.logprobs[start:]
+            return Completion(self.prompt_index, self.token_ids[:start], ids, self.final_text, logprobs, self.truncated)
         stats = EpisodeStats(
             self.turns, self.tool_calls, self.tool_errors, self.hit_max_turns, self.env_reward, self.messages
         )
@@ -86,7 +96,7 @@ class _Running:
         self.mask += [0 if logprobs is None else 1] * len(ids)
         self.logprobs += [0.0] * len(ids) if logprobs is None else logprobs
 
-    def episode(self) -> Episode:
+    def episode(self, interactive: bool) -> Episode:
         env = self.environment
         return Episode(
             self.prompt_index,
@@ -102,6 +112,7 @@ class _Running:
             self.env_reward,
             self.final_text,
             self.messages,
+            interactive,
         )
 
 
@@ -118,8 +129,11 @@ def run_episodes(
     """``sampling.n`` episodes of each example, grouped by example as completions are, of at most ``max_turns``
     model turns and ``max_total_tokens`` tokens in all (prompt included). Each round samples the next turn of every
     episode still in play in one engine call (the first round: each prompt's n samples, as ``generate`` does)."""
-    observations = ObservationFormat(
-        engine.tokenizer, engine.prompt_format.uses_template(engine.tokenizer), engine.stop_ids
+    # made at the first observation: a single-turn task's model need not render tool turns
+    observations = functools.cache(
+        lambda: ObservationFormat(
+            engine.tokenizer, engine.prompt_format.uses_template(engine.tokenizer), engine.stop_ids
+        )
     )
     n = sampling.n
     with EnvironmentHost(task_module, tool_timeout_seconds, tool_output_chars) as host:
@@ -128,8 +142,9 @@ def run_episodes(
         prompt_ids = engine.prompt_format.encode(engine.tokenizer, prompts)
         if (longest := max(map(len, prompt_ids), default=0)) >= max_total_tokens:
             raise TaskError(
-                f"agent.max_total_tokens: an episode of at most {max_total_tokens} tokens leaves no room for a turn "
-                f"after the longest prompt ({longest} tokens, its opening observation included); above {longest}"
+                f"agent.max_total_tokens: an episode of at most {max_total_tokens} tokens (the model's context length "
+                f"when unset) leaves no room for a turn after the longest prompt ({longest} tokens, its opening "
+                f"observation included); above {longest}"
             )
         for run in runs:
             run.extend(prompt_ids[run.prompt_index])
@@ -157,7 +172,8 @@ def run_episodes(
             f"every one of {len(runs)} episodes failed on {task_module.__name__}.environment(): "
             + "; ".join(failures[:3])
         )
-    return [run.episode() for run in runs]
+    interactive = is_agent_task(task_module)
+    return [run.episode(interactive) for run in runs]
 
 
 def _opened_prompts(examples: list[Example], openings: list[str | None], n: int) -> list[str]:
@@ -179,7 +195,7 @@ def _play(
     run: _Running,
     completion: Completion,
     engine: RolloutEngine,
-    observations: ObservationFormat,
+    observations: Callable[[], ObservationFormat],
     last_turn: bool,
     max_total_tokens: int,
 ) -> None:
@@ -206,7 +222,7 @@ def _play(
     if last_turn:
         run.done = run.hit_max_turns = True
         return
-    observed = observations.encode(step.observation or "")
+    observed = observations().encode(step.observation or "")
     if len(run.token_ids) + len(observed) >= max_total_tokens:  # no room left for the model's next turn
         run.done = run.truncated = True
         return
@@ -235,10 +251,20 @@ def play(
     agent: AgentConfig,
     max_total_tokens: int,
 ) -> list[Episode]:
-    """``run_episodes`` within ``agent``'s limits (params.agent). The stage checks once, before its first episode,
-    that the engine's tokenizer writes the tool-call tags (``check_tool_tags``)."""
+    """``run_episodes`` within ``agent``'s limits (params.agent): how every stage that samples from a task's prompts
+    to grade them plays them, a task with tools or an environment or not. The stage checks once, before its first
+    episode, that the engine's tokenizer writes the tool-call tags (``check_tool_tags``)."""
     limits = (agent.max_turns, max_total_tokens, agent.tool_timeout_seconds, agent.tool_output_chars)
     return run_episodes(engine, examples, task_module, sampling, *limits)
+
+
+def episode_limits(params: Params, task_module: ModuleType, model_dir: Path) -> tuple[AgentConfig, int]:
+    """(the agent limits, the token budget) of episodes of ``task_module``'s task played by the model in
+    ``model_dir``: ``params.agent``'s for a task with tools or an environment; a single-turn task's one turn is
+    bounded by the model's context length alone (and its stage does not read ``agent``)."""
+    if not is_agent_task(task_module):
+        return AgentConfig(), context_length(model_dir)
+    return params.agent, params.agent.max_total_tokens or context_length(model_dir)
 
 
 def trace(episode: Episode, engine: RolloutEngine, prompt: str) -> list[dict[str, str]]:

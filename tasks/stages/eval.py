@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from models import context_length, num_parameters
+from models import num_parameters
 from tasks.algos.supervised import pass_at_k
 from tasks.common.artifacts import EPISODES_FILE, atomic_output, stage_dir
 from tasks.common.config import AgentConfig, EvalConfig, Params
@@ -23,7 +23,7 @@ from tasks.data.environments import check_tool_tags, is_agent_task
 from tasks.data.judge import gold_utility
 from tasks.data.problems import Example, score_response, task_module, task_of
 from tasks.rollout.engine import Completion, RolloutEngine, Sampling
-from tasks.rollout.episodes import EPISODE_FIELDS, play
+from tasks.rollout.episodes import EPISODE_FIELDS, episode_limits, play
 from tasks.rollout.hf_engine import policy_engine
 
 
@@ -56,25 +56,12 @@ def graded(
     return metrics, greedy_scores
 
 
-def evaluate(engine: RolloutEngine, examples: list[Example], cfg: EvalConfig) -> tuple[dict[str, float], list[dict]]:
-    """Held-out metrics of the policy behind ``engine``, and its greedy responses row by row."""
-    prompts = [e.prompt for e in examples]
-    greedy = engine.generate(prompts, Sampling(cfg.max_new_tokens, greedy=True))
-    sampled = engine.generate(prompts, Sampling(cfg.max_new_tokens, n=cfg.k, temperature=cfg.temperature))
-    metrics, greedy_scores = graded(examples, greedy, sampled, cfg.k)
-    rows = [
-        {"prompt": prompts[c.prompt_index], "response": c.text, "formatted": bool(f), "correct": bool(ok)}
-        for c, (f, ok) in zip(greedy, greedy_scores.tolist(), strict=True)
-    ]
-    return metrics, rows
-
-
-def evaluate_episodes(
+def evaluate(
     engine: RolloutEngine, examples: list[Example], cfg: EvalConfig, agent: AgentConfig, max_total_tokens: int
 ) -> tuple[dict[str, float], list[dict]]:
-    """``evaluate`` of a task with tools or an environment: episodes of up to ``agent.max_turns`` turns, graded by
-    ``score`` on their final turn, with their turns, tool calls and tool errors, and the greedy episodes row by row
-    (every turn, observation and reward)."""
+    """Held-out metrics of the policy behind ``engine``, and its greedy episodes row by row: graded by ``score`` on
+    their final turn; of a task with tools or an environment, episodes of up to ``agent.max_turns`` turns, with
+    their turns, tool calls, tool errors and rewards (every turn and observation in the rows)."""
     module = task_module(task_of(examples))
     check_tool_tags(module, engine.tokenizer)
     greedy = play(engine, examples, module, Sampling(cfg.max_new_tokens, greedy=True), agent, max_total_tokens)
@@ -83,14 +70,17 @@ def evaluate_episodes(
     metrics, greedy_scores = graded(
         examples, [e.completion() for e in greedy], [e.completion() for e in sampled], cfg.k
     )
+    rows = [
+        {"prompt": examples[e.prompt_index].prompt, "response": e.final_text, "formatted": bool(f), "correct": bool(ok)}
+        for e, (f, ok) in zip(greedy, greedy_scores.tolist(), strict=True)
+    ]
+    if not is_agent_task(module):
+        return metrics, rows
     for name in ("turns", "tool_calls", "tool_errors", "env_reward"):
         metrics[name] = sum(getattr(e, name) for e in greedy) / len(greedy)
     metrics["max_turns_rate"] = sum(e.hit_max_turns for e in greedy) / len(greedy)
-    rows = [
-        {"prompt": examples[e.prompt_index].prompt, "response": e.final_text, "formatted": bool(f), "correct": bool(ok)}
-        | {name: getattr(e, name) for name in EPISODE_FIELDS}
-        for e, (f, ok) in zip(greedy, greedy_scores.tolist(), strict=True)
-    ]
+    for row, episode in zip(rows, greedy, strict=True):
+        row |= {name: getattr(episode, name) for name in EPISODE_FIELDS}
     return metrics, rows
 
 
@@ -105,10 +95,7 @@ def evaluate_model(
     test_file = data / "test.jsonl"
     examples = read_examples(test_file)
     engine = policy_engine(params, model, {test_file: examples}, section, cfg.batch_size)
-    if not is_agent_task(task_module(task_of(examples))):
-        return evaluate(engine, examples, cfg)
-    max_total_tokens = params.agent.max_total_tokens or context_length(model)
-    return evaluate_episodes(engine, examples, cfg, params.agent, max_total_tokens)
+    return evaluate(engine, examples, cfg, *episode_limits(params, task_module(task_of(examples)), model))
 
 
 def run(stage: StageRun) -> None:

@@ -12,12 +12,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-from models import context_length
 from tasks.common.config import Params, RejectionSamplingConfig
 from tasks.data.environments import check_tool_tags, is_agent_task
 from tasks.data.problems import Example, difficulty_label, has_verifier, score_response, task_module
 from tasks.rollout.engine import RolloutEngine, Sampling
-from tasks.rollout.episodes import play, trace
+from tasks.rollout.episodes import episode_limits, play, trace
 from tasks.rollout.hf_engine import policy_engine
 
 # Scores of (example, its distinct responses), higher is better: how a task without a verifier picks.
@@ -55,11 +54,10 @@ def _sampled(
     """Each sampled response, grouped by prompt: its text (an episode's final turn, for a task with tools or an
     environment) and, for an episode, the turns that led to it and its environment reward."""
     module = task_module(prompts[0].task)
-    if not is_agent_task(module):
-        return [(c.text, None, None) for c in engine.generate([e.prompt for e in prompts], sampling)]
     check_tool_tags(module, engine.tokenizer)
-    max_total_tokens = params.agent.max_total_tokens or context_length(policy)
-    episodes = play(engine, prompts, module, sampling, params.agent, max_total_tokens)
+    episodes = play(engine, prompts, module, sampling, *episode_limits(params, module, policy))
+    if not is_agent_task(module):
+        return [(e.final_text, None, None) for e in episodes]
     return [(e.final_text, trace(e, engine, prompts[e.prompt_index].prompt), e.env_reward) for e in episodes]
 
 
