@@ -16,7 +16,7 @@ from tasks.data.trace_replay import trace_errors
 from tests.conftest import ENV, REPO, make_project, report_json
 
 GAME = "GuessTheNumber-v0"
-TASK = SimpleNamespace(name="textarena", textarena=SimpleNamespace(game=GAME))
+TASK = SimpleNamespace(name="textarena", textarena=SimpleNamespace(game=GAME, forfeit_reward=0.0))
 
 
 def _games(count: int, seed: int = 0) -> list:
@@ -62,6 +62,23 @@ def test_score_grades_the_episode_by_the_games_reward_and_refuses_a_response_alo
     assert score_credit(game, "no move here", env_reward=-1.0) == (False, 0.0)
     with pytest.raises(TaskError, match="grades a whole episode"):
         score_response(game, game.solution)
+
+
+@pytest.mark.parametrize("forfeit_reward", [0.0, None])
+def test_a_game_lost_to_invalid_moves_pays_the_forfeit_reward_not_textarenas_progress(forfeit_reward):
+    """GRPO on GuessTheNumber-v0-hardcore learnt to guess once, then forfeit with two invalid moves: TextArena paid
+    the closeness of that guess (0.86 of a win on average) and held-out wins fell from 0.325 to 0.045."""
+    game = replace(_games(1)[0], meta={**_games(1)[0].meta, "forfeit_reward": forfeit_reward})
+    world = textarena.environment(game)
+    world.reset(game)
+    target = world.env.state.game_state["game_number"]
+    close = target + 1 if target < 20 else target - 1
+    steps = [world.step(move) for move in (f"[{close}]", "[4", "[999]")]
+    assert [s.done for s in steps] == [False, False, True]
+    if forfeit_reward is None:  # TextArena's own reward: 1 - |guess - target| / 19
+        assert steps[-1].reward == pytest.approx(1 - 1 / 19)
+    else:
+        assert steps[-1].reward == forfeit_reward == 0.0
 
 
 def test_a_changed_prompt_is_not_the_game_its_meta_names():

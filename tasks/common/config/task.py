@@ -55,6 +55,12 @@ class TextArenaConfig:
         "docs/agents.md lists those that run offline). Each row is one game seeded from the data stage's seed.",
         min_length=1,
     )
+    forfeit_reward: float | None = param(
+        0.0,
+        "What a game lost to invalid moves pays the player. TextArena pays its progress so far (GuessTheNumber: how "
+        "close the last valid guess was), which RL learns to collect by forfeiting once close (docs/agents.md); "
+        "null: TextArena's own reward.",
+    )
 
 
 @schema_section

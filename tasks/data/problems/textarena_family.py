@@ -10,7 +10,8 @@ the episode's ``env_reward``: 1 for a win, less for a loss or an invalid move (T
 
 ``score`` grades the episode, not its last turn alone: a game is won by the whole episode, so ``correct`` (pass@1)
 is a won game (the reward 1), and the credit the accuracy reward pays is the reward clipped to [0, 1]. A final
-turn holding a bracketed move is well formatted.
+turn holding a bracketed move is well formatted. A game lost to invalid moves pays ``task.textarena.forfeit_reward``
+(carried in each row's ``meta``), not the progress TextArena pays for it, which RL would learn to collect.
 
 Worked traces: for a game with a solver here (``SOLVERS``: GuessTheNumber's binary search), each row's
 ``meta["turns"]`` is the solver's won game, played through TextArena itself and replayed at the data stage as every
@@ -55,9 +56,10 @@ def _text(observation: Any) -> str:
 class Game:
     """One seeded TextArena game, as an ``Environment``: the opening text, then each turn's new text."""
 
-    def __init__(self, game: str, seed: int):
+    def __init__(self, game: str, seed: int, forfeit_reward: float | None = None):
         import textarena
 
+        self.forfeit_reward = forfeit_reward
         self.env = textarena.make(env_id=game)
         self.env.reset(num_players=1, seed=seed)
         self.seen = ""
@@ -79,12 +81,15 @@ class Game:
         if not done:
             return Step(self._news(), 0.0, False)
         rewards, info = self.env.close()
-        reason = (info or {}).get(PLAYER, {}).get("reason", "the game is over")
-        return Step(str(reason), float(rewards[PLAYER]), True)
+        player = (info or {}).get(PLAYER, {})
+        reward = float(rewards[PLAYER])
+        if player.get("invalid_move") and self.forfeit_reward is not None:
+            reward = self.forfeit_reward
+        return Step(str(player.get("reason", "the game is over")), reward, True)
 
 
 def environment(example: Example) -> Game:
-    return Game(example.meta["game"], int(example.meta["seed"]))
+    return Game(example.meta["game"], int(example.meta["seed"]), example.meta["forfeit_reward"])
 
 
 def prompt(seed: int, opening: str) -> str:
@@ -116,8 +121,8 @@ def solver(game: str) -> Callable[[Game], str] | None:
 def generate(rng, cfg: Any) -> Example:
     """One game of ``cfg.game`` (``task.textarena``), with the solver's won game as its trace where there is one."""
     seed = rng.randrange(SEEDS)
-    game = Game(cfg.game, seed)
-    meta: dict[str, Any] = {"game": cfg.game, "seed": seed}
+    game = Game(cfg.game, seed, cfg.forfeit_reward)
+    meta: dict[str, Any] = {"game": cfg.game, "seed": seed, "forfeit_reward": cfg.forfeit_reward}
     solution = ""
     if (play := solver(cfg.game)) is not None:
         turns = []
@@ -150,8 +155,8 @@ def difficulty(example: Example) -> str:
 
 def mismatch(example: Example) -> str | None:
     """Why a row is not the game its meta names (its prompt is that seed's opening)."""
-    if not {"game", "seed"} <= set(example.meta):
-        return "a textarena row's meta must hold its game and seed"
+    if not {"game", "seed", "forfeit_reward"} <= set(example.meta):
+        return "a textarena row's meta must hold its game, seed and forfeit_reward"
     if example.prompt != opening_prompt(example.meta["game"], int(example.meta["seed"])):
         return f"the prompt is not the opening of {example.meta['game']}'s game of seed {example.meta['seed']}"
     return None
