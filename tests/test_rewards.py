@@ -1,5 +1,6 @@
 """Reward functions: the built-in verifiers, and functions of your own that raise, hang or misbehave."""
 
+import multiprocessing
 from dataclasses import replace
 
 import pytest
@@ -70,9 +71,11 @@ def test_built_in_rewards_score_correctness_format_length_and_overlong():
 
 def test_the_arithmetic_rewards_run_in_the_stages_process_and_the_environments_reward_is_passed_on_as_it_is():
     batch = replace(_batch(), env_rewards=[0.5, -1.0, 0.0, 2.0])
+    children = set(multiprocessing.active_children())
     with RewardScorer({"environment": 2.0, "length": 1.0, "overlong": 1.0}, timeout_seconds=60) as scorer:
         total, parts, failures = scorer.score(batch)
-        assert not scorer._process.running  # no reward process: nothing of a task's or a user's code to guard against
+        # no reward process: nothing of a task's or a user's code to guard against
+        assert set(multiprocessing.active_children()) == children
     assert parts["environment"].tolist() == [0.5, -1.0, 0.0, 2.0] and failures == {}
     assert total.tolist() == pytest.approx([1.0 + 0.25, -2.0 + 0.125 - 0.5, 0.95, 4.0 - 1.0])
 
