@@ -18,9 +18,10 @@ pipeline: $(INSTALLED)
 test: $(INSTALLED) lint
 	$(BIN)/python -m pytest -ra --durations=40 -n 2 --dist loadfile --no-loadscope-reorder
 
-# Everything but the tests marked slow (end-to-end pipelines, Prefect servers): the quick loop while editing.
+# Everything but the tests marked slow (end-to-end pipelines, Prefect servers): the quick loop while editing, on
+# two test processes as `make test` runs.
 test-fast: $(INSTALLED) lint
-	$(BIN)/python -m pytest -ra -m "not slow" --durations=5
+	$(BIN)/python -m pytest -ra -m "not slow" --durations=10 -n 2 --dist loadfile
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .

@@ -8,13 +8,15 @@ Three questions, one a subcommand:
   game     the number-guessing game (``@examples/guess_number/game.args``) for each ``--seeds``: held-out success
            (pass@1: the greedy episode's last guess is the number) of agent_sft and of agent_grpo, the gain, and the
            mean turns of the won games, from each eval's ``episodes.jsonl``.
+  textarena  the same for TextArena's GuessTheNumber-v0-hardcore (``@examples/textarena/hardcore.args``): a number
+           in 1..50 within 10 guesses, played by the tiny model; success is a won game.
   smollm2  SmolLM2-135M-Instruct with the calculator on 3-digit additions (``@examples/calculator/smollm2.args``):
            the time, and held-out pass@1 of agent_sft and agent_grpo.
 
 Each run is one clone (kept under ``--out``, default a new temporary directory) and one timed command; the runs
 follow each other, never side by side (they would share this machine's cores).
 
-    .venv/bin/python -m bench.learning.agents tools|game|smollm2 [--seeds 0 1 2] [--out DIR] [KEY=VALUE ...]
+    .venv/bin/python -m bench.learning.agents tools|game|textarena|smollm2 [--seeds 0 1 2] [--out DIR] [KEY=VALUE ...]
 """
 
 import argparse
@@ -70,10 +72,14 @@ def tools(out: Path, overrides: list[str]) -> list[dict]:
     return [with_tool, without]
 
 
-def game(out: Path, overrides: list[str], seeds: list[int]) -> list[dict]:
+# question -> the args file of its game
+GAMES = {"game": "examples/guess_number/game.args", "textarena": "examples/textarena/hardcore.args"}
+
+
+def game(question: str, out: Path, overrides: list[str], seeds: list[int]) -> list[dict]:
     results = []
     for seed in seeds:
-        result = run(f"game_seed{seed}", out, ["@examples/guess_number/game.args", f"seed={seed}", *overrides])
+        result = run(f"{question}_seed{seed}", out, [f"@{GAMES[question]}", f"seed={seed}", *overrides])
         start, end = result["agent_sft"], result["agent_grpo"]
         gain = end["pass@1"] - start["pass@1"]
         print(
@@ -91,7 +97,7 @@ def smollm2(out: Path, overrides: list[str]) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("question", choices=("tools", "game", "smollm2"))
+    parser.add_argument("question", choices=("tools", *GAMES, "smollm2"))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("overrides", nargs="*")
@@ -101,8 +107,8 @@ def main() -> None:
     print(f"runs in {out}", flush=True)
     if args.question == "tools":
         results = tools(out, args.overrides)
-    elif args.question == "game":
-        results = game(out, args.overrides, args.seeds)
+    elif args.question in GAMES:
+        results = game(args.question, out, args.overrides, args.seeds)
     else:
         results = smollm2(out, args.overrides)
     (out / f"{args.question}.json").write_text(json.dumps(results, indent=1) + "\n")
