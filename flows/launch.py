@@ -13,6 +13,10 @@ INTERRUPTED = 130  # the shell's status for a command ended by SIGINT
 # The commands whose stopping is theirs alone: Prefect's flows and `serve` handle SIGTERM themselves (a cancelled
 # run puts params.yaml back, `serve` pauses its deployments).
 _STOPPED_HERE = ("stage", "repro", "report", "generate", "fingerprints", "registry", "lineage")
+# The commands that run a Prefect flow in this process: Prefect's engine stops a run on SIGTERM, and leaves SIGHUP at
+# its default, which killed the process outright and left its stage running on Ray until Ray noticed (over a
+# minute on a busy machine).
+_FLOWS_HERE = ("run", "retrain")
 
 
 def _descendants(pid: int) -> list[int]:
@@ -55,10 +59,17 @@ def _stop_with_one_line(argv: list[str]) -> None:
         signal.signal(number, stop)
 
 
+def _hang_up_as_sigterm() -> None:
+    """A hung-up terminal stops a flow run as SIGTERM does: its stages end and params.yaml is put back."""
+    signal.signal(signal.SIGHUP, lambda number, frame: os.kill(os.getpid(), signal.SIGTERM))
+
+
 def main() -> int:
     argv = sys.argv[1:]
     if argv[:1] and argv[0] in _STOPPED_HERE:
         _stop_with_one_line(argv)
+    elif argv[:1] and argv[0] in _FLOWS_HERE:
+        _hang_up_as_sigterm()
     try:
         if argv[:1] == ["stage"]:
             status = run_warm(argv)
