@@ -67,8 +67,9 @@ def test_score_grades_the_episode_by_the_games_reward_and_refuses_a_response_alo
 @pytest.mark.parametrize("forfeit_reward", [0.0, None])
 def test_a_game_lost_to_invalid_moves_pays_the_forfeit_reward_not_textarenas_progress(forfeit_reward):
     """GRPO on GuessTheNumber-v0-hardcore learnt to guess once, then forfeit with two invalid moves: TextArena paid
-    the closeness of that guess (0.86 of a win on average) and held-out wins fell from 0.325 to 0.045."""
-    game = replace(_games(1)[0], meta={**_games(1)[0].meta, "forfeit_reward": forfeit_reward})
+    the closeness of that guess (held-out mean reward 0.33 -> 0.72) and held-out wins fell from 0.325 to 0.045."""
+    game = _games(1)[0]
+    game = replace(game, meta={**game.meta, "forfeit_reward": forfeit_reward})
     world = textarena.environment(game)
     world.reset(game)
     target = world.env.state.game_state["game_number"]
