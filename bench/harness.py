@@ -37,9 +37,23 @@ def set_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
+def clone(project: Path) -> Path:
+    """A scratch clone of this repo's HEAD at ``project``."""
+    subprocess.run(["git", "clone", "--quiet", str(REPO), str(project)], check=True)
+    return project
+
+
+def project_env(project: Path) -> dict[str, str]:
+    """The environment of a command run in the clone ``project``: this environment's ``alignflow``, importing the
+    clone's code first. The install is this checkout's, editable: without it a run would take up whatever this
+    checkout holds when each stage starts, edits made while the bench runs included."""
+    return {**ENV, "PYTHONPATH": os.pathsep.join(filter(None, (str(project), ENV.get("PYTHONPATH"))))}
+
+
 def stage(project: Path, *args: str) -> None:
     """``alignflow stage <args>`` in ``project``; its progress output is dropped."""
-    subprocess.run(["alignflow", "stage", *args], cwd=project, env=ENV, check=True, stdout=subprocess.DEVNULL)
+    command = ["alignflow", "stage", *args]
+    subprocess.run(command, cwd=project, env=project_env(project), check=True, stdout=subprocess.DEVNULL)
 
 
 def overlay() -> list[str]:
@@ -54,7 +68,7 @@ def built_project(project: Path, stages: list[str] | tuple[str, ...], overrides:
     overrides it was built with; reusing it with others is an error (its artifacts would belong to other params)."""
     record = project / "bench-project.json"
     if not project.exists():
-        subprocess.run(["git", "clone", "--quiet", str(REPO), str(project)], check=True)
+        clone(project)
         record.write_text(json.dumps({"overrides": overrides}, indent=1))
     elif not record.is_file() or json.loads(record.read_text())["overrides"] != overrides:
         raise SystemExit(f"{project}: built by another bench or with other params than {overrides}; pick another")
@@ -71,7 +85,7 @@ PREFERENCES = ("preferences", "dpo_reference")  # then its preference pairs and 
 
 def cold_start_project(project: Path, overrides: list[str] | tuple[str, ...] = ()) -> Path:
     """Clone this repo to ``project`` and build its data, base model and cold-start SFT model there."""
-    subprocess.run(["git", "clone", "--quiet", str(REPO), str(project)], check=True)
+    clone(project)
     for name in COLD_START:
         stage(project, name, *overrides)
     return project

@@ -22,7 +22,6 @@ docs/real-models.md records what they printed, and where.
 import argparse
 import copy
 import json
-import subprocess
 import tempfile
 import time
 from dataclasses import replace
@@ -31,7 +30,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from bench.harness import ENV, OVERLAY, REPO, device_matmul_peak, stage, synchronize
+from bench.harness import OVERLAY, REPO, clone, device_matmul_peak, stage, synchronize
 from models.trainable import adapters_disabled, autocast, merged_state_dict, prepared_for_training
 from tasks.common.config import LoraConfig, Params
 from tasks.data.problems import Example
@@ -63,7 +62,7 @@ def pipeline_check(steps: int) -> None:
     peak = device_matmul_peak(torch.device("cuda"))
     with tempfile.TemporaryDirectory() as scratch:
         project = Path(scratch) / "project"
-        subprocess.run(["git", "clone", "--quiet", str(REPO), str(project)], check=True, env=ENV)
+        clone(project)
         seconds = {}
         for name in ("data", "base", "sft_cold", "grpo", "eval@grpo"):
             started = time.perf_counter()

@@ -27,18 +27,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.harness import ENV, REPO
+from bench.harness import clone, project_env
 
 MODELS = ("agent_sft", "agent_grpo")
 
 
 def repro_agent(project: Path, overrides: list[str]) -> float:
     """Clone this repo to ``project`` and run ``alignflow repro agent`` there with ``overrides``: its seconds."""
-    subprocess.run(["git", "clone", "--quiet", str(REPO), str(project)], check=True)
+    clone(project)
     started = time.perf_counter()
     with open(project / "repro.log", "w") as log:
         command = ["alignflow", "repro", "agent", *overrides]
-        subprocess.run(command, cwd=project, env=ENV, check=True, stdout=log, stderr=subprocess.STDOUT)
+        subprocess.run(command, cwd=project, env=project_env(project), check=True, stdout=log, stderr=subprocess.STDOUT)
     return time.perf_counter() - started
 
 

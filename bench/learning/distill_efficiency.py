@@ -37,7 +37,6 @@ through both methods' points; the two curves are ``cd OUT && dvc plots show``.
 import argparse
 import json
 import math
-import subprocess
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -45,7 +44,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from bench.harness import REPO, stage
+from bench.harness import clone, stage
 from models import load_policy, load_tokenizer, resolve_device
 from tasks.algos.supervised import sft_loss
 from tasks.common.artifacts import model_dir
@@ -74,7 +73,7 @@ Point = tuple[int, int, float]  # (step or iteration, student training tokens so
 
 def build_project(project: Path, overrides: list[str]) -> Path:
     """Clone this repo to ``project`` and run every stage up to the SFT student there, with ``overrides``."""
-    subprocess.run(["git", "clone", "--quiet", str(REPO), str(project)], check=True)
+    clone(project)
     for name in tqdm(STAGES, desc="building the project"):
         stage(project, name, *overrides)
     return project

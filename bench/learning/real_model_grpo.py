@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.harness import ENV, REPO
+from bench.harness import clone, project_env
 
 OVERLAY = "@examples/smollm2.args"
 STAGES = ("data", "base", "sft_cold", "eval@sft_cold", "grpo", "eval@grpo")
@@ -37,7 +37,7 @@ def run_stages(project: Path, overrides: list[str]) -> dict[str, float]:
         subprocess.run(
             ["alignflow", "stage", name, OVERLAY, *overrides],
             cwd=project,
-            env=ENV,
+            env=project_env(project),
             check=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -60,7 +60,7 @@ def main() -> None:
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="real-model-grpo-"))
     project = scratch / "project"
-    subprocess.run(["git", "clone", "--quiet", str(REPO), str(project)], check=True)
+    clone(project)
     print(f"SmolLM2-135M-Instruct, {OVERLAY[1:]} {' '.join(args.overrides)}", flush=True)
     seconds = run_stages(project, args.overrides)
     before, after = verdicts(project, "sft_cold"), verdicts(project, "grpo")

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.harness import ENV, REPO, paired_gap
+from bench.harness import clone, paired_gap, project_env
 from tasks.data.datasets import read_examples
 from tasks.data.judge import gold_utility
 from tasks.params.load import load_params
@@ -48,13 +48,15 @@ def repro(project: Path, pipeline: str, overrides: list[str]) -> tuple[float, di
     """Run ``alignflow repro pipeline`` in ``project`` (a clone of this repo made there first unless it is one
     already): its seconds, and each stage's (the stages DVC runs: an earlier pipeline's are skipped)."""
     if not project.exists():
-        subprocess.run(["git", "clone", "--quiet", str(REPO), str(project)], check=True)
+        clone(project)
     command = ["alignflow", "repro", pipeline, "@examples/smollm2.args", *overrides]
     started = time.perf_counter()
     stages, current, since = {}, None, started
     log_file = project / f"repro-{pipeline}.log"
     with open(log_file, "w") as log:
-        process = subprocess.Popen(command, cwd=project, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command, cwd=project, env=project_env(project), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
         for raw in process.stdout:
             line = raw.decode(errors="replace")
             log.write(line)

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.harness import ENV, built_project
+from bench.harness import built_project, project_env
 
 # The default model and batches (what the stages train at the defaults), on a small generated split. GRPO from the
 # base model is grpo_zero; the length reward differs within every group, so
@@ -65,7 +65,7 @@ def _stage_seconds(project: Path, stage: str, workers: int, steps: int) -> float
     steps_key, configurations, _ = STAGES[stage]
     overrides = [*SETTINGS, f"{steps_key}={steps}", f"{stage}.parallel.threads_per_worker=1", *configurations[workers]]
     # One worker trains in the stage's own process: one thread there too, as each of two workers has.
-    env = {**ENV, "OMP_NUM_THREADS": "1"} if workers == 1 else ENV
+    env = project_env(project) | ({"OMP_NUM_THREADS": "1"} if workers == 1 else {})
     started = time.perf_counter()
     command = ["alignflow", "stage", RUNS[stage], *overrides]
     subprocess.run(command, cwd=project, env=env, check=True, capture_output=True)

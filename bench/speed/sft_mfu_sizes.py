@@ -12,11 +12,10 @@ numbers; the trend, not the third digit, is the result.
 
 import argparse
 import json
-import subprocess
 import tempfile
 from pathlib import Path
 
-from bench.harness import REPO, stage
+from bench.harness import clone, stage
 
 HEAD_DIM = 24  # the default model's (96 / 4 heads)
 
@@ -24,7 +23,7 @@ HEAD_DIM = 24  # the default model's (96 / 4 heads)
 def main(steps: int, widths: list[int]) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         project = Path(scratch) / "project"
-        subprocess.run(["git", "clone", "--quiet", str(REPO), str(project)], check=True)
+        clone(project)
         stage(project, "data")
         rows = []
         for width in widths:

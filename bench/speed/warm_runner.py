@@ -16,19 +16,19 @@ from pathlib import Path
 
 import yaml
 
-from bench.harness import ENV, REPO
+from bench.harness import clone, project_env
 
 LEGS = {"cold": {"ALIGNFLOW_WARM_RUNNER": "off"}, "warm": {}}
 
 
 def leg(project: Path, pipeline: str, args: list[str], env: dict[str, str]) -> tuple[float, int, dict]:
     """Seconds of ``alignflow repro`` in a fresh clone at ``project``, the stages it ran, and its outputs' hashes."""
-    subprocess.run(["git", "clone", "--quiet", str(REPO), str(project)], check=True)
+    clone(project)
     started = time.perf_counter()
     result = subprocess.run(
         ["alignflow", "repro", pipeline, *args, "remote.push=false"],
         cwd=project,
-        env={**ENV, **env},
+        env={**project_env(project), **env},
         capture_output=True,
         text=True,
     )
