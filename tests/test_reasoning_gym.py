@@ -11,7 +11,7 @@ from flows.cli import main
 from tasks.data.datasets import generate_splits, read_examples
 from tasks.data.problems import Example, score_credit, score_response
 from tasks.params.load import load_params
-from tasks.rl.rewards import RewardInputs, accuracy
+from tasks.rl.rewards import RewardInputs, accuracy, correct
 from tests.conftest import REPO, produced
 
 LEG_COUNTING = ["task.name=reasoning_gym", "data.num_train=40", "data.num_test=10"]
@@ -41,14 +41,16 @@ def test_the_datasets_own_score_grades_and_correct_means_full_credit():
     assert accuracy(batch) == [1.0, 0.0]
 
 
-def test_a_partial_credit_is_the_accuracy_reward_but_not_correct():
+def test_a_partial_credit_is_the_accuracy_reward_but_not_correct_nor_the_correct_reward():
     params = load_params(REPO / "params.yaml", ["task.name=reasoning_gym"])
     (example,), _ = generate_splits(params.task, 1, 1, seed=0)
     with_units = f"<think></think><answer>{example.answer} legs</answer>"  # leg_counting gives part credit
     formatted, credit = score_credit(example, with_units)
     assert formatted and 0.0 < credit < 1.0
     assert score_response(example, with_units) == (True, False)
-    assert accuracy(RewardInputs([example], [with_units], [4], [False], 16)) == [credit]
+    batch = RewardInputs([example, example], [with_units, example.solution], [4, 4], [False, False], 16)
+    assert accuracy(batch) == [credit, 1.0]
+    assert correct(batch) == [0.0, 1.0]
 
 
 def test_an_answer_the_datasets_scorer_raises_on_scores_zero():

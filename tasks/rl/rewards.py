@@ -92,6 +92,14 @@ def accuracy(batch: RewardInputs) -> list[float]:
     return [score_credit(e, r, env)[1] for e, r, env in zip(batch.examples, batch.responses, _env(batch), strict=True)]
 
 
+@BUILT_IN.register("correct")
+def correct(batch: RewardInputs) -> list[float]:
+    """1 for a response the verifier calls correct (full credit), else 0: accuracy without a task's part credit,
+    which can pay an answer for holding the right one (reasoning-gym's ``36`` for ``6`` earns 0.5)."""
+    graded = zip(batch.examples, batch.responses, _env(batch), strict=True)
+    return [float(score_response(e, r, env)[1]) for e, r, env in graded]
+
+
 @BUILT_IN.register("format")
 def format_reward(batch: RewardInputs) -> list[float]:
     graded = zip(batch.examples, batch.responses, _env(batch), strict=True)

@@ -169,8 +169,9 @@ class RLConfig(SamplingConfig, ModelTrainingConfig):
     )
     rewards: dict[str, Weight] = mapping(
         lambda: {REWARD_MODEL: 1.0},
-        "Reward functions and their weights: accuracy, format, length, overlong, reward_model (the RLHF reward "
-        "model), or module:function of your own (see tasks/rl/rewards.py).",
+        "Reward functions and their weights: accuracy (the verifier's credit, part credit included), correct (1 "
+        "for full credit only), format, length, overlong, reward_model (the RLHF reward model), or module:function "
+        "of your own (see tasks/rl/rewards.py).",
     )
     reward_normalize: bool = param(True, "Scale the summed reward by its running mean and std.")
     reward_clip: float | None = param(5.0, "Clip the (normalised) reward to +-this; null: no clipping.", gt=0)
