@@ -27,7 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.harness import clone, project_env
+from bench.harness import clone, paired_gap, project_env
+from bench.learning.real_model_pipelines import greedy_rows
 
 MODELS = ("agent_sft", "agent_grpo")
 
@@ -46,10 +47,8 @@ def evaluation(project: Path, model: str) -> dict[str, float]:
     """``agent_eval@model``'s metrics, with the mean turns of its won greedy episodes (a task without tools or a
     world, the baseline's, answers in one turn: its eval writes greedy.jsonl)."""
     metrics = json.loads((project / f"metrics/agent_eval/{model}/metrics.json").read_text())
-    written = project / f"artifacts/agent_eval/{model}"
-    episodes = written / "episodes.jsonl"
-    rows = (episodes if episodes.is_file() else written / "greedy.jsonl").read_text().splitlines()
-    won = [row.get("turns", 1) for row in map(json.loads, rows) if row["correct"]]
+    rows = greedy_rows(project, "agent_eval", model)
+    won = [row.get("turns", 1) for row in rows if row["correct"]]
     return metrics | {"turns_to_success": statistics.mean(won) if won else float("nan"), "episodes": len(rows)}
 
 
@@ -81,10 +80,19 @@ def game(question: str, out: Path, overrides: list[str], seeds: list[int]) -> li
     for seed in seeds:
         result = run(f"{question}_seed{seed}", out, [f"@{GAMES[question]}", f"seed={seed}", *overrides])
         start, end = result["agent_sft"], result["agent_grpo"]
-        gain = end["pass@1"] - start["pass@1"]
+        won = {
+            model: {row["prompt"]: row["correct"] for row in greedy_rows(out / result["run"], "agent_eval", model)}
+            for model in MODELS
+        }
+        games = sorted(won["agent_sft"])
+        gain, error = paired_gap([won["agent_grpo"][g] for g in games], [won["agent_sft"][g] for g in games])
+        fixed = sum(won["agent_grpo"][g] and not won["agent_sft"][g] for g in games)
+        broke = sum(won["agent_sft"][g] and not won["agent_grpo"][g] for g in games)
+        result |= {"gain": gain, "gain_standard_error": error, "fixed": fixed, "broke": broke}
         print(
-            f"seed {seed}: success {start['pass@1']:.3f} -> {end['pass@1']:.3f} ({gain:+.3f}), turns to success "
-            f"{start['turns_to_success']:.2f} -> {end['turns_to_success']:.2f}",
+            f"seed {seed}: success {start['pass@1']:.3f} -> {end['pass@1']:.3f} ({gain:+.3f} +- {error:.3f} paired; "
+            f"{fixed} games fixed, {broke} broken), turns to success {start['turns_to_success']:.2f} -> "
+            f"{end['turns_to_success']:.2f}",
             flush=True,
         )
         results.append(result)

@@ -72,7 +72,10 @@ def repro(project: Path, pipeline: str, overrides: list[str]) -> tuple[float, di
 
 
 def greedy_rows(project: Path, evaluation: str, model: str) -> list[dict]:
-    return [json.loads(line) for line in (project / f"artifacts/{evaluation}/{model}/greedy.jsonl").open()]
+    """An evaluation's greedy rows: ``episodes.jsonl`` where the task plays episodes, else ``greedy.jsonl``."""
+    written = project / f"artifacts/{evaluation}/{model}"
+    episodes = written / "episodes.jsonl"
+    return [json.loads(line) for line in (episodes if episodes.is_file() else written / "greedy.jsonl").open()]
 
 
 def evaluations(project: Path, pipeline: str) -> dict[str, dict]:
