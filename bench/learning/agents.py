@@ -38,7 +38,7 @@ def repro_agent(project: Path, overrides: list[str]) -> float:
     clone(project)
     started = time.perf_counter()
     with open(project / "repro.log", "w") as log:
-        command = ["alignflow", "repro", "agent", *overrides]
+        command = ["alignflow", "repro", "agent", *overrides, "remote.push=false"]  # a scratch run: nothing to share
         subprocess.run(command, cwd=project, env=project_env(project), check=True, stdout=log, stderr=subprocess.STDOUT)
     return time.perf_counter() - started
 

@@ -49,7 +49,7 @@ def repro(project: Path, pipeline: str, overrides: list[str]) -> tuple[float, di
     already): its seconds, and each stage's (the stages DVC runs: an earlier pipeline's are skipped)."""
     if not project.exists():
         clone(project)
-    command = ["alignflow", "repro", pipeline, "@examples/smollm2.args", *overrides]
+    command = ["alignflow", "repro", pipeline, "@examples/smollm2.args", *overrides, "remote.push=false"]
     started = time.perf_counter()
     stages, current, since = {}, None, started
     log_file = project / f"repro-{pipeline}.log"
