@@ -25,10 +25,12 @@ import statistics
 import subprocess
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
-from bench.harness import clone, paired_gap, project_env
+from bench.harness import clone, project_env
 from bench.learning.real_model_pipelines import greedy_rows
+from bench.learning.stage_gain import gain
 
 MODELS = ("agent_sft", "agent_grpo")
 
@@ -80,19 +82,12 @@ def game(question: str, out: Path, overrides: list[str], seeds: list[int]) -> li
     for seed in seeds:
         result = run(f"{question}_seed{seed}", out, [f"@{GAMES[question]}", f"seed={seed}", *overrides])
         start, end = result["agent_sft"], result["agent_grpo"]
-        won = {
-            model: {row["prompt"]: row["correct"] for row in greedy_rows(out / result["run"], "agent_eval", model)}
-            for model in MODELS
-        }
-        games = sorted(won["agent_sft"])
-        gain, error = paired_gap([won["agent_grpo"][g] for g in games], [won["agent_sft"][g] for g in games])
-        fixed = sum(won["agent_grpo"][g] and not won["agent_sft"][g] for g in games)
-        broke = sum(won["agent_sft"][g] and not won["agent_grpo"][g] for g in games)
-        result |= {"gain": gain, "gain_standard_error": error, "fixed": fixed, "broke": broke}
+        compared = gain(out / result["run"], "agent_eval", "agent_grpo", "agent_sft")
+        result |= {"gain": asdict(compared)}
         print(
-            f"seed {seed}: success {start['pass@1']:.3f} -> {end['pass@1']:.3f} ({gain:+.3f} +- {error:.3f} paired; "
-            f"{fixed} games fixed, {broke} broken), turns to success {start['turns_to_success']:.2f} -> "
-            f"{end['turns_to_success']:.2f}",
+            f"seed {seed}: success {start['pass@1']:.3f} -> {end['pass@1']:.3f} ({compared.gain:+.3f} +- "
+            f"{compared.standard_error:.3f} paired; {compared.fixed} games fixed, {compared.broken} broken), turns "
+            f"to success {start['turns_to_success']:.2f} -> {end['turns_to_success']:.2f}",
             flush=True,
         )
         results.append(result)

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from bench.harness import clone, project_env
+from bench.learning.stage_gain import gain, verdicts
 
 OVERLAY = "@examples/smollm2.args"
 STAGES = ("data", "base", "sft_cold", "eval@sft_cold", "grpo", "eval@grpo")
@@ -47,12 +48,6 @@ def run_stages(project: Path, overrides: list[str]) -> dict[str, float]:
     return seconds
 
 
-def verdicts(project: Path, model: str) -> dict[str, bool]:
-    """Each held-out prompt's greedy verdict from ``eval@model``."""
-    rows = [json.loads(line) for line in (project / "artifacts/eval" / model / "greedy.jsonl").open()]
-    return {row["prompt"]: row["correct"] for row in rows}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE params on top of examples/smollm2.args")
@@ -63,19 +58,20 @@ def main() -> None:
     clone(project)
     print(f"SmolLM2-135M-Instruct, {OVERLAY[1:]} {' '.join(args.overrides)}", flush=True)
     seconds = run_stages(project, args.overrides)
-    before, after = verdicts(project, "sft_cold"), verdicts(project, "grpo")
+    compared = gain(project, "eval", "grpo", "sft_cold")
     metrics = {
         model: json.loads((project / "metrics/eval" / model / "metrics.json").read_text())
         for model in ("sft_cold", "grpo")
     }
-    fixed = sum(after[p] and not before[p] for p in before)
-    broken = sum(before[p] and not after[p] for p in before)
-    gain = metrics["grpo"]["pass@1"] - metrics["sft_cold"]["pass@1"]
-    print(f"\nheld-out problems: {len(before)}")
+    problems = len(verdicts(project, "eval", "grpo"))
+    print(f"\nheld-out problems: {problems}")
     print(f"{'':<22}{'sft_cold':>10}{'grpo':>10}")
     for key in ("pass@1", "sample_accuracy"):
         print(f"{key:<22}{metrics['sft_cold'][key]:>10.3f}{metrics['grpo'][key]:>10.3f}")
-    print(f"pass@1 gain from GRPO: {gain:+.3f} (fixed {fixed}, broke {broken} of {len(before)})")
+    print(
+        f"pass@1 gain from GRPO: {compared.gain:+.3f} ± {compared.standard_error:.3f} paired (fixed "
+        f"{compared.fixed}, broke {compared.broken} of {problems})"
+    )
     print(f"wall time, all stages: {sum(seconds.values()) / 60:.1f} min (grpo {seconds['grpo'] / 60:.1f} min)")
     if args.keep:
         print(f"project kept at {project}")

@@ -7,6 +7,7 @@ difference on the same problems.
 
 import argparse
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.harness import paired_gap
@@ -18,6 +19,28 @@ def verdicts(project: Path, evaluation: str, model: str) -> dict[str, bool]:
     return {row["prompt"]: bool(row["correct"]) for row in greedy_rows(project, evaluation, model)}
 
 
+@dataclass(frozen=True)
+class Gain:
+    """``model``'s greedy pass@1 over ``start``'s on the same held-out prompts."""
+
+    gain: float
+    standard_error: float  # of the paired difference
+    fixed: int  # prompts ``model`` gets right and ``start`` wrong
+    broken: int  # the other way round
+
+
+def gain(project: Path, evaluation: str, model: str, start: str) -> Gain:
+    """The paired gain of ``model`` over ``start``, both evaluated by ``evaluation`` in ``project``."""
+    after, before = verdicts(project, evaluation, model), verdicts(project, evaluation, start)
+    prompts = sorted(after)
+    if sorted(before) != prompts:
+        raise SystemExit(f"{model} and {start} were evaluated on different problems")
+    difference, error = paired_gap([after[p] for p in prompts], [before[p] for p in prompts])
+    fixed = sum(after[p] and not before[p] for p in prompts)
+    broken = sum(before[p] and not after[p] for p in prompts)
+    return Gain(difference, error, fixed, broken)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model")
@@ -25,15 +48,15 @@ def main() -> None:
     parser.add_argument("--project", type=Path, default=Path("."))
     parser.add_argument("--evaluation", default="eval")
     args = parser.parse_args()
-    model, start = (verdicts(args.project, args.evaluation, name) for name in (args.model, args.start))
-    prompts = sorted(model)
-    if sorted(start) != prompts:
-        raise SystemExit(f"{args.model} and {args.start} were evaluated on different problems")
-    for name, found in ((args.start, start), (args.model, model)):
+    compared = gain(args.project, args.evaluation, args.model, args.start)
+    for name in (args.start, args.model):
+        found = verdicts(args.project, args.evaluation, name)
         p = sum(found.values()) / len(found)
         print(f"{name:<14} pass@1 {p:.3f} ± {math.sqrt(p * (1 - p) / len(found)):.3f}  ({len(found)} problems)")
-    gain, error = paired_gap([model[p] for p in prompts], [start[p] for p in prompts])
-    print(f"gain of {args.model} over {args.start}: {gain:+.3f} ± {error:.3f} (paired standard error)")
+    print(
+        f"gain of {args.model} over {args.start}: {compared.gain:+.3f} ± {compared.standard_error:.3f} (paired "
+        f"standard error; {compared.fixed} fixed, {compared.broken} broken)"
+    )
 
 
 if __name__ == "__main__":
