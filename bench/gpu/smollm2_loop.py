@@ -35,6 +35,8 @@ class Lab:
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.autocast = self.device.type == "cuda"
         self.tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        if self.tokenizer.pad_token_id is None:  # some transformers releases read no pad token from the GGUF
+            self.tokenizer.pad_token = self.tokenizer.eos_token
         self.base = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         self.base.to(self.device).eval()
         self.stop_ids = [self.tokenizer.eos_token_id]

@@ -176,8 +176,10 @@ def run_distill(lab: Lab, worked: list[tuple[str, str]]) -> None:
 def run_grpo(lab: Lab, cold: nn.Module, cold_eval: dict) -> None:
     for name, iterations, lr, seed in (
         ("grpo_overlay", 28, 4e-4, 0),
-        ("grpo_lr1e-3", 28, 1e-3, 0),
+        ("grpo_overlay_seed1", 28, 4e-4, 1),
+        ("grpo_overlay_seed2", 28, 4e-4, 2),
         ("grpo_56_iterations", 56, 4e-4, 0),
+        ("grpo_lr1e-3", 28, 1e-3, 0),
     ):
         if not lab.time_left():
             continue

@@ -14,5 +14,5 @@ mkdir -p .gpu/w1 .gpu/w2 .gpu/site
 head -c "$half" "$model" > .gpu/w1/part.aa
 tail -c +"$((half + 1))" "$model" > .gpu/w2/part.ab
 sha256sum < "$model" | cut -d' ' -f1 > .gpu/w2/model.sha256
-cp -r "$site/gguf" .gpu/site/
+cp -r "$site/gguf" "$site"/gguf-*.dist-info .gpu/site/  # transformers reads gguf's version from its metadata
 ls -l .gpu/w1 .gpu/w2
