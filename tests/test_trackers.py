@@ -13,7 +13,7 @@ from tasks.common.artifacts import metrics_dir
 from tasks.common.trackers import lineage, param_values
 from tasks.kinds import stage_kinds
 from tasks.params.load import load_params
-from tests.conftest import ENV, REPO, make_project
+from tests.conftest import ENV, REPO, make_project, md5_tree
 
 STAGES = {"data", "base", "sft", "eval@base", "eval@sft"}
 
@@ -85,3 +85,26 @@ def test_tensorboard_holds_each_stage_curve_under_the_pipeline_run(tracked):
     steps, values = zip(*[(event.step, event.value) for event in events.Scalars("train/loss")], strict=True)
     logged_steps, logged = zip(*_dvclive_series(tracked, "sft", "train/loss"), strict=True)
     assert steps == logged_steps and values == pytest.approx(logged, rel=1e-6)  # float32 in the event file
+
+
+@pytest.mark.slow
+def test_a_tracker_that_cannot_write_is_one_warning_each_and_the_stage_lands_as_without_it(tmp_path):
+    def data_stage(project, *tracking: str) -> subprocess.CompletedProcess:
+        make_project(project, tracking)
+        (project / "blocked").write_text("a file where the trackers' stores would be folders")
+        return subprocess.run(["alignflow", "stage", "data"], cwd=project, env=ENV, capture_output=True, text=True)
+
+    tracked = data_stage(
+        tmp_path / "tracked",
+        "tracking.to=[mlflow,tensorboard]",
+        "tracking.mlflow_uri=sqlite:///blocked/mlflow.db",
+        "tracking.tensorboard_dir=blocked/tensorboard",
+    )
+    assert tracked.returncode == 0, tracked.stdout + tracked.stderr
+    warnings = [line for line in tracked.stderr.splitlines() if "tracking:" in line]
+    assert len(warnings) == 2, tracked.stderr
+    assert "mlflow did not take data's record" in warnings[0] and "tensorboard did not take" in warnings[1]
+    untracked = data_stage(tmp_path / "untracked")
+    assert untracked.returncode == 0, untracked.stdout + untracked.stderr
+    assert md5_tree(tmp_path / "tracked/artifacts/data") == md5_tree(tmp_path / "untracked/artifacts/data")
+    assert (tmp_path / "tracked/metrics/data").is_dir()
