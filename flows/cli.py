@@ -60,7 +60,8 @@ class _Parser(argparse.ArgumentParser):
         return [] if not line or line.startswith("#") else [line]
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The `alignflow` command line: its commands, their arguments, and `@FILE` overlays read one argument a line."""
     parser = _Parser(
         prog="alignflow",
         fromfile_prefix_chars="@",
@@ -413,7 +414,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"alignflow: error: {error}", file=sys.stderr)
             return 2
         return 0
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     from tasks.common.config import ConfigError
     from tasks.common.errors import NonFiniteError
     from tasks.data.datasets import DatasetError

@@ -3,7 +3,7 @@
 
 import pytest
 
-from flows.cli import _parser
+from flows.cli import build_parser
 from tasks.params.load import load_params
 from tasks.pipelines import PIPELINES
 from tests.conftest import REPO
@@ -32,6 +32,6 @@ def test_every_overlay_is_listed_with_its_pipelines():
 )
 def test_an_overlay_validates_for_its_pipelines(overlay, pipeline, monkeypatch):
     monkeypatch.chdir(REPO)  # `@FILE` is read from where the user stands, the project's root
-    args = _parser().parse_args(["repro", pipeline, f"@{overlay}"])
+    args = build_parser().parse_args(["repro", pipeline, f"@{overlay}"])
     assert args.overrides, overlay
     load_params(REPO / "params.yaml", args.overrides, runs=[pipeline])
