@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from bench.harness import clone, project_env
-from bench.learning.stage_gain import gain, verdicts
+from bench.learning.stage_gain import gain
 
 OVERLAY = "@examples/smollm2.args"
 STAGES = ("data", "base", "sft_cold", "eval@sft_cold", "grpo", "eval@grpo")
@@ -63,14 +63,13 @@ def main() -> None:
         model: json.loads((project / "metrics/eval" / model / "metrics.json").read_text())
         for model in ("sft_cold", "grpo")
     }
-    problems = len(verdicts(project, "eval", "grpo"))
-    print(f"\nheld-out problems: {problems}")
+    print(f"\nheld-out problems: {compared.problems}")
     print(f"{'':<22}{'sft_cold':>10}{'grpo':>10}")
     for key in ("pass@1", "sample_accuracy"):
         print(f"{key:<22}{metrics['sft_cold'][key]:>10.3f}{metrics['grpo'][key]:>10.3f}")
     print(
         f"pass@1 gain from GRPO: {compared.gain:+.3f} ± {compared.standard_error:.3f} paired (fixed "
-        f"{compared.fixed}, broke {compared.broken} of {problems})"
+        f"{compared.fixed}, broke {compared.broken} of {compared.problems})"
     )
     print(f"wall time, all stages: {sum(seconds.values()) / 60:.1f} min (grpo {seconds['grpo'] / 60:.1f} min)")
     if args.keep:

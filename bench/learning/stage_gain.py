@@ -27,6 +27,9 @@ class Gain:
     standard_error: float  # of the paired difference
     fixed: int  # prompts ``model`` gets right and ``start`` wrong
     broken: int  # the other way round
+    problems: int
+    start_pass: float  # ``start``'s pass@1 on them
+    model_pass: float
 
 
 def gain(project: Path, evaluation: str, model: str, start: str) -> Gain:
@@ -38,7 +41,8 @@ def gain(project: Path, evaluation: str, model: str, start: str) -> Gain:
     difference, error = paired_gap([after[p] for p in prompts], [before[p] for p in prompts])
     fixed = sum(after[p] and not before[p] for p in prompts)
     broken = sum(before[p] and not after[p] for p in prompts)
-    return Gain(difference, error, fixed, broken)
+    n = len(prompts)
+    return Gain(difference, error, fixed, broken, n, sum(before.values()) / n, sum(after.values()) / n)
 
 
 def main() -> None:
@@ -49,10 +53,9 @@ def main() -> None:
     parser.add_argument("--evaluation", default="eval")
     args = parser.parse_args()
     compared = gain(args.project, args.evaluation, args.model, args.start)
-    for name in (args.start, args.model):
-        found = verdicts(args.project, args.evaluation, name)
-        p = sum(found.values()) / len(found)
-        print(f"{name:<14} pass@1 {p:.3f} ± {math.sqrt(p * (1 - p) / len(found)):.3f}  ({len(found)} problems)")
+    n = compared.problems
+    for name, p in ((args.start, compared.start_pass), (args.model, compared.model_pass)):
+        print(f"{name:<14} pass@1 {p:.3f} ± {math.sqrt(p * (1 - p) / n):.3f}  ({n} problems)")
     print(
         f"gain of {args.model} over {args.start}: {compared.gain:+.3f} ± {compared.standard_error:.3f} (paired "
         f"standard error; {compared.fixed} fixed, {compared.broken} broken)"
