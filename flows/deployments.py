@@ -51,7 +51,7 @@ from prefect.settings import PREFECT_UI_URL
 from prefect.states import Cancelled, Pending
 from prefect.utilities.engine import propose_state_sync
 
-from flows import submit
+from flows import submit, warm_runner
 from flows.overrides import form_values
 from flows.pipelines import FLOWS, FORMS, cancel_run, reset_cancel
 from flows.prefect_internals import clear_intent, commit_cancel_intent
@@ -466,7 +466,8 @@ def serve_pipelines(params: Params) -> None:
         # Per pipeline: a run on demand, and a retrain (gate, registry) on its cron from runner.schedules.
         served = [(name, FLOWS[name], None) for name in FLOWS]
         served += [(f"retrain-{name}", RETRAIN_FLOWS[name], params.runner.schedules.get(name)) for name in FLOWS]
-        with get_client(sync_client=True) as client:
+        # one warm stage runner for every run served (run_pipeline's own would stop with its run)
+        with warm_runner.started(), get_client(sync_client=True) as client:
             runner = InProcessRunner(Path.cwd(), client)
             runner.claim_project()
             for name, served_flow, cron in served:

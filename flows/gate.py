@@ -1,19 +1,22 @@
 """The promotion gate: a candidate replaces the champion only when it is better by a margin and breaks nothing.
 
 Both models are scored by the same function (``tasks.stages.eval.evaluate_model``) on the same held-out split,
-seeded the same way, so the comparison is the model's and nothing else's.
+seeded the same way, so the comparison is the model's and nothing else's: the candidate by the pipeline's own
+evaluation stage, which has just run, the champion afresh here.
 """
 
+import json
 import tempfile
 from pathlib import Path
 
 import dvc.api
 
-from tasks.common.artifacts import stage_dir
+from tasks.common.artifacts import metrics_dir, stage_dir
 from tasks.common.config import Params, RetrainConfig
 from tasks.common.config.operations import guard_direction
 from tasks.kinds import stage_kinds
-from tasks.stages.eval import evaluate_model
+from tasks.pipelines import evaluation_of
+from tasks.stages.eval import evaluate_model, logged_metrics
 
 
 def decide(candidate: dict[str, float], champion: dict[str, float] | None, cfg: RetrainConfig) -> tuple[bool, str]:
@@ -45,7 +48,12 @@ def score(model: Path, params: Params, kind: str, project: Path) -> dict[str, fl
     that stage's held-out split in ``project``, with its params section (eval, agent_eval)."""
     evaluation = stage_kinds()[stage_kinds()[kind].evaluation]
     metrics, _ = evaluate_model(model, params, project / stage_dir(evaluation.reads["data"]), evaluation.section)
-    return metrics
+    return logged_metrics(model, metrics)
+
+
+def evaluated(project: Path, model: str) -> dict[str, float]:
+    """The held-out metrics the evaluation stage of ``model`` (``sft``, ``grpo_final/1``) logged in ``project``."""
+    return json.loads((project / metrics_dir(evaluation_of(model)) / "metrics.json").read_text())
 
 
 def score_at(project: Path, commit: str, path: Path, params: Params, kind: str) -> dict[str, float]:

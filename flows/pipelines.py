@@ -29,6 +29,7 @@ from prefect.exceptions import TerminationSignal
 from prefect.futures import PrefectFuture, wait
 from pydantic import BaseModel
 
+from flows import warm_runner
 from flows.overrides import changed_overrides, form_model
 from flows.remote import push
 from flows.report import collect, markdown_table, stage_metrics
@@ -223,18 +224,21 @@ def run_pipeline(name: str, overrides: list[str], project: Path, push_after: boo
             retries=params.runner.retries, retry_delay_seconds=params.runner.retry_delay_seconds
         )
         futures: dict[str, PrefectFuture] = {}
-        for stage in read_dag(project, PIPELINES[name].stages(params)):
-            upstream = [futures[u] for u in stage.upstream if u in futures]
-            futures[stage.name] = stage_task.submit(project, stage, params.runner, wait_for=upstream)
-        try:
-            for future in futures.values():
-                result_or_interrupt(future)
-        except BaseException:
-            interrupt_run()
-            wait(list(futures.values()), timeout=CANCEL_SECONDS)  # the stages stop their Ray work
-            raise
-        finally:
-            release_ray()
+        # The stages on this machine fork from a warm runner, as under `alignflow repro`; started once Ray has set
+        # its variables, so that the stages' environment (this process's) is the runner's.
+        with warm_runner.started():
+            for stage in read_dag(project, PIPELINES[name].stages(params)):
+                upstream = [futures[u] for u in stage.upstream if u in futures]
+                futures[stage.name] = stage_task.submit(project, stage, params.runner, wait_for=upstream)
+            try:
+                for future in futures.values():
+                    result_or_interrupt(future)
+            except BaseException:
+                interrupt_run()
+                wait(list(futures.values()), timeout=CANCEL_SECONDS)  # the stages stop their Ray work
+                raise
+            finally:
+                release_ray()
         report = collect(project)
         if push_after and params.remote.push:
             pushed, outcome = push(project, params.remote)

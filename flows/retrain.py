@@ -31,7 +31,7 @@ from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel
 
 from flows.dag import open_repo
-from flows.gate import decide, score, score_at
+from flows.gate import decide, evaluated, score_at
 from flows.lineage import shards_at
 from flows.pipelines import FORMS, PerPipeline, form_flow, run_lock, run_pipeline
 from flows.registry import Decision, artifact_name, assign_prod, check_artifact_path, prod_version, register
@@ -145,7 +145,7 @@ def retrain(pipeline: str, overrides: list[str], project: Path) -> Decision:
         params = load_params(project / "params.yaml", runs=[pipeline])  # the overrides are in params.yaml now
         champion = prod_version(project, artifact)
         kind = PIPELINES[pipeline].delivers
-        candidate_metrics = score(project / model, params, kind, project)
+        candidate_metrics = evaluated(project, PIPELINES[pipeline].model(params))
         champion_metrics = None if champion is None else score_at(project, champion[1], model, params, kind)
         promoted, why = decide(candidate_metrics, champion_metrics, params.retrain)
         known = set() if champion is None else set(shards_at(project, champion[1]))

@@ -73,9 +73,10 @@ def retrain(project: Path, env: dict, *overrides: str) -> dict:
 def scheduled_retrain(project: Path, env: dict, log: Path) -> dict:
     """`alignflow serve` with sft's retrain on a cron from params that fires once, a minute or two from now: the
     gate's decision of the run the schedule started, read back from the registry."""
-    # Cron fires at the start of a minute: the first minute that starts at least 80 s from now, past serve's start-up
-    # (under load it has taken over 20 s), so the firing is not missed.
-    at = (datetime.now(UTC) + timedelta(seconds=140)).replace(second=0, microsecond=0)
+    # Cron fires at the start of a minute: the first minute that starts at least 50 s from now, past serve's start-up
+    # (under load it has taken over 20 s) and the 5 s in which Prefect's server schedules a new deployment's runs, so
+    # the firing is not missed.
+    at = (datetime.now(UTC) + timedelta(seconds=110)).replace(second=0, microsecond=0)
     params = OmegaConf.load(project / "params.yaml")
     OmegaConf.update(params, "runner.schedules", {"sft": f"{at.minute} {at.hour} * * *"}, merge=False)
     OmegaConf.save(params, project / "params.yaml")
@@ -91,6 +92,12 @@ def scheduled_retrain(project: Path, env: dict, log: Path) -> dict:
         (run,) = [run for run in api(env, "/flow_runs/filter", runs) if run["state"]["type"] != "SCHEDULED"]
     assert run["auto_scheduled"] and run["state"]["type"] == "COMPLETED", log.read_text()[-3000:]
     return json.loads(alignflow(project, env, "registry", "--json").stdout)[-1]["decision"]
+
+
+def logged(project: Path, version: str) -> dict:
+    """The held-out metrics the sft pipeline's evaluation logged in the commit registered as ``version``."""
+    shown = ["git", "show", f"sft@{version}:metrics/eval/sft/metrics.json"]
+    return json.loads(subprocess.run(shown, cwd=project, capture_output=True, text=True, check=True).stdout)
 
 
 def prod(project: Path) -> str:
@@ -119,6 +126,8 @@ def test_the_retraining_story(prefect_env, tmp_path):
     assert v2["champion_version"] == "v1.0.0" and v2["new_shards"] == ["data/shards/2.jsonl"]
     assert v2["reason"] and v2["push"].startswith(f"push to {remote} failed")
     assert v2["quarantined"] == ["data/quarantine/2.jsonl"] and not (project / "data/shards/2.jsonl").exists()
+    # The gate scores the champion afresh as the evaluation stage scored it when it was the candidate.
+    assert v2["champion"] == v1["candidate"] == logged(project, "v1.0.0")
 
     write_jsonl(project / "data/shards/3.jsonl", data["3"])
     v3 = retrain(project, prefect_env)

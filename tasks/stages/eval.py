@@ -98,6 +98,13 @@ def evaluate_model(
     return evaluate(engine, examples, cfg, *episode_limits(params, task_module(task_of(examples)), model))
 
 
+def logged_metrics(model: Path, metrics: dict[str, float]) -> dict[str, float]:
+    """What an evaluation stage logs of ``model``'s held-out ``metrics``: rounded, and its size beside them (what
+    size buys). The retraining gate compares a champion it scores afresh with a candidate's logged metrics, so both
+    are read through here."""
+    return {name: round(value, 6) for name, value in metrics.items()} | {"num_parameters": num_parameters(model)}
+
+
 def run(stage: StageRun) -> None:
     data = stage.inputs["data"]
     metrics, rows = evaluate_model(stage.inputs["model"], stage.params, data, stage.kind.section)
@@ -108,8 +115,6 @@ def run(stage: StageRun) -> None:
         with open(out / name, "w") as handle:
             for row in rows:
                 handle.write(json.dumps(row) + "\n")
-        for name, value in metrics.items():
-            live.log_metric(name, round(value, 6), plot=False)
-        # beside pass@1: what size buys
-        live.log_metric("num_parameters", num_parameters(stage.inputs["model"]), plot=False)
+        for name, value in logged_metrics(stage.inputs["model"], metrics).items():
+            live.log_metric(name, value, plot=False)
     print(f"{stage.name}: " + ", ".join(f"{name}={value:.3f}" for name, value in metrics.items()), flush=True)
