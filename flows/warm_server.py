@@ -27,7 +27,9 @@ def serve(path: str) -> None:
     """The runner: import everything a stage imports, then fork a session for each request on the socket ``path``
     until the process that started it is gone."""
     environment, parent = dict(os.environ), os.getppid()
-    # the command line's imports have started numpy's BLAS thread pool, which parks itself across a fork
+    # numpy's import starts its BLAS thread pool (a thread per core unless OMP_NUM_THREADS says 1), which parks itself
+    # across a fork: counted before the other imports, so that only threads a fork would lose refuse the runner
+    importlib.import_module("numpy")
     blas_threads = _threads()
     _preload()
     # A fork copies only the calling thread: a thread any other import started would be missing in the stage.

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from flows import warm_runner
-from tests.conftest import ENV, lock_entries, make_project
+from tests.conftest import ENV, lock_entries, make_project, md5_tree
 
 pytestmark = pytest.mark.slow
 STAGES = ("data", "base", "sft")
@@ -160,3 +160,22 @@ def test_a_stopped_repro_stops_its_stage_says_one_line_and_records_nothing(tmp_p
     assert _processes_in(project) == [], "a process of the stopped repro outlived it"
     assert "Traceback" not in stderr and stderr.count(said) == 1, stderr
     assert "sft" not in lock_entries(project) and not (project / "artifacts/sft").exists()
+
+
+def test_a_runner_with_a_blas_thread_per_core_forks_its_stages_to_the_cold_bits(tmp_path, monkeypatch):
+    """numpy's import starts a BLAS thread per core unless OMP_NUM_THREADS is 1, and the pool parks itself across a
+    fork: a runner on two threads still serves, and the stages it forks write what cold ones write."""
+    monkeypatch.delenv(warm_runner.ENV_VAR, raising=False)  # not this module's runner: one started on two threads
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    cold, warm = make_project(tmp_path / "cold"), make_project(tmp_path / "warm")
+    for name in ("data", "base"):
+        assert stage(cold, name).returncode == 0
+    with warm_runner.started() as log:
+        wait_ready(Path(log))
+        for name in ("data", "base"):
+            result = stage(warm, name)
+            assert result.returncode == 0, result.stderr
+        assert [line.split(" ", 1)[1] for line in served(Path(log))] == ["alignflow stage data", "alignflow stage base"]
+        assert all(line.split(" ", 1)[0].isdigit() for line in served(Path(log)))
+    for output in ("artifacts/data", "artifacts/base"):
+        assert md5_tree(warm / output) == md5_tree(cold / output)
