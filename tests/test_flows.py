@@ -127,17 +127,22 @@ def test_ctrl_c_sigterm_or_sighup_stops_the_stage_running_on_ray(prefect_env, tm
         stderr=subprocess.DEVNULL,
         preexec_fn=_sigint_as_in_a_terminal,
     )
-    _wait_until(lambda: _stage_process(project, "sft") or flow.poll() is not None, 600, "the sft stage to start")
-    stage = _stage_process(project, "sft")
-    # The stage runs forked from the flow's warm runner (a child of one of its sessions), as under alignflow repro:
-    # the runner starts before the first stage and imports what the cold stages before sft import.
-    (runner,) = [child for child in psutil.Process(flow.pid).children() if _is_warm_runner(child)]
-    _wait_until(lambda: any(session.children() for session in runner.children()), 60, "sft forked from the runner")
-    forked = [process for session in runner.children() for process in (session, *session.children())]
-    flow.send_signal(how)
-    gone, alive = psutil.wait_procs([stage, *forked], timeout=60)
-    assert gone and not alive, "the stage process outlived the interrupted flow"
-    assert flow.wait(timeout=120) != 0
+    try:
+        _wait_until(lambda: _stage_process(project, "sft") or flow.poll() is not None, 600, "the sft stage to start")
+        stage = _stage_process(project, "sft")
+        # The stage runs forked from the flow's warm runner (a child of one of its sessions), as under alignflow repro:
+        # the runner starts before the first stage and imports what the cold stages before sft import.
+        (runner,) = [child for child in psutil.Process(flow.pid).children() if _is_warm_runner(child)]
+        _wait_until(lambda: any(session.children() for session in runner.children()), 60, "sft forked from the runner")
+        forked = [process for session in runner.children() for process in (session, *session.children())]
+        flow.send_signal(how)
+        gone, alive = psutil.wait_procs([stage, *forked], timeout=60)
+        assert gone and not alive, "the stage process outlived the interrupted flow"
+        assert flow.wait(timeout=120) != 0
+    finally:  # a failed assertion must not leave a flow training for 100,000 steps
+        if flow.poll() is None:
+            flow.terminate()
+            flow.wait(timeout=120)
     assert not (project / "artifacts/sft").exists()
 
 
