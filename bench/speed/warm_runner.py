@@ -52,13 +52,13 @@ def main() -> None:
     seconds: dict[str, list[float]] = {name: [] for name in LEGS}
     outputs, stages = {}, {}
     with tempfile.TemporaryDirectory() as scratch:
-        server = local_prefect_server(Path(scratch) / "prefect", ENV)
-        with server if options.command == "run" else contextlib.nullcontext({}) as prefect:
+        server = local_prefect_server(Path(scratch) / "prefect", ENV) if options.command == "run" else None
+        with server or contextlib.nullcontext({}) as prefect:
+            server_vars = {key: value for key, value in prefect.items() if key.startswith("PREFECT_")}
             for round_ in range(options.rounds):
                 order = list(LEGS) if round_ % 2 == 0 else list(reversed(LEGS))
                 for name in order:
                     project = Path(scratch) / f"{name}-{round_}"
-                    server_vars = {key: value for key, value in prefect.items() if key.startswith("PREFECT_")}
                     took, stages[name], outputs[name] = leg(project, command, {**server_vars, **LEGS[name]})
                     seconds[name].append(took)
                     print(f"round {round_ + 1} {name}: {took:.1f} s, {stages[name]} stages", flush=True)
