@@ -29,18 +29,21 @@ if (_workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))) > 1:
     os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // _workers))
 
 
-# The longest test files, longest first: under `pytest -n 2` a file runs whole on one process, and the file that
-# starts last sets when the run ends.
+# The longest test files, longest first (as measured by a full run, docs/testing.md): under `pytest -n 2` a file runs
+# whole on one process, which holds two files at a time, and the file that starts last sets when the run ends.
 LONGEST_FIRST = (
     "test_real_model.py",
     "test_retrain.py",
-    "test_r1_pipeline.py",
-    "test_rlhf_pipeline.py",
     "test_flows.py",
-    "test_distill_pipeline.py",
-    "test_serve.py",
-    "test_offline_to_online.py",
     "test_data_parallel.py",
+    "test_serve.py",
+    "test_served_runs.py",
+    "test_r1_pipeline.py",
+    "test_async_rollouts.py",
+    "test_offline_to_online.py",
+    "test_warm_runner.py",
+    "test_distill_pipeline.py",
+    "test_agent_pipeline.py",
 )
 
 
