@@ -1,6 +1,8 @@
 """RLHF building blocks on a tiny random model: packing, engine log-probs, the gold judge, PPO helpers."""
 
+import dataclasses
 import random
+import statistics
 from functools import partial
 
 import pytest
@@ -16,12 +18,13 @@ from tasks.data.problems import Example
 from tasks.data.prompts import BARE
 from tasks.params.load import load_params
 from tasks.rl.core_algos import POLICY_LOSSES, adaptive_kl_coef, explained_variance
+from tasks.rl.guard import Guard, clearly_better, per_prompt
 from tasks.rl.learner import RunningMoments, prepare_scores
 from tasks.rl.policy_gradient import policy_gradient_loss
 from tasks.rl.sequences import pack, pack_text, response_logprobs, shared_prompt_logits
 from tasks.rl.trainer import alarms
 from tasks.rl.workers import ActorLoss, ActorWorker
-from tasks.rollout.engine import Sampling
+from tasks.rollout.engine import Completion, Sampling
 from tasks.rollout.hf_engine import HFEngine, policy_engine, sample_tokens
 from tests.conftest import REPO, tiny_model
 
@@ -295,3 +298,68 @@ def test_the_actor_learning_rate_warms_up_then_follows_its_schedule(model_dir, s
     params = load_params(REPO / "params.yaml", [f"grpo.{o}" for o in overrides])
     multiple = ActorWorker(params, params.grpo, model_dir).scheduler.lr_lambdas[0]
     assert [multiple(step) for step in (0, 1, 3, 5)] == pytest.approx(expected, abs=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.floats(-3, 3)), min_size=1, max_size=30),
+)
+def test_the_guards_per_prompt_scores_are_each_prompts_mean(scored):
+    prompts = 6
+    means = per_prompt(torch.tensor([s for _, s in scored], dtype=torch.float64), [i for i, _ in scored], prompts)
+    for prompt in range(prompts):
+        own = [s for i, s in scored if i == prompt]
+        assert means[prompt].item() == pytest.approx(statistics.fmean(own) if own else 0.0, abs=1e-9)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(-1, 1), st.floats(-1, 1)), min_size=2, max_size=40),
+    st.sampled_from([0.5, 1.0, 2.0]),
+)
+def test_a_later_probe_is_clearly_better_only_past_min_z_paired_standard_errors(pairs, min_z):
+    """The keep rule against the paired t statistic computed with the statistics module."""
+    new, kept = (torch.tensor(column, dtype=torch.float64) for column in zip(*pairs, strict=True))
+    differences = [a - b for a, b in pairs]
+    mean, spread = statistics.fmean(differences), statistics.stdev(differences)
+    margin = mean - min_z * spread / len(differences) ** 0.5
+    if abs(margin) > 1e-9:  # away from the boundary, where rounding may fall either way
+        assert clearly_better(new, kept, min_z) == (margin > 0)
+
+
+class _Done:
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+class _ScriptedRoles:
+    """The calls a guard's probe makes of the actor and the reward role, the judge's scores scripted per probe."""
+
+    def __init__(self, probes: list[torch.Tensor]):
+        self.probes, self.actor, self.reward = iter(probes), self, self
+
+    def sample_current(self, prompts, sampling, seed):
+        return _Done([Completion(index, [], [], "", []) for index in range(len(prompts))])
+
+    def judge_scores(self, prompts, completions):
+        scores = next(self.probes)
+        return _Done({"judge": scores, "disagreement": torch.zeros_like(scores)})
+
+    def weights(self):
+        return _Done({})
+
+
+@pytest.mark.parametrize(("min_z", "kept"), [(0.0, [0, 1, 2]), (1.0, [0, 0, 2])])
+def test_the_guard_keeps_a_higher_probe_or_with_min_z_only_one_clearly_better(min_z, kept):
+    """A probe higher on average by noise (half its prompts up, half down) replaces the kept one by score alone, not
+    with min_z = 1; one higher on every prompt does either way."""
+    start = torch.linspace(-0.2, 0.0, 64)
+    noise = torch.tensor([0.03 if i % 2 else -0.03 for i in range(64)]) + 0.0005
+    roles = _ScriptedRoles([start, start + noise, start + noise + 0.02])
+    ppo = load_params(REPO / "params.yaml").ppo
+    cfg = dataclasses.replace(ppo, group_size=1, guard=dataclasses.replace(ppo.guard, min_z=min_z))
+    guard = Guard("judge", [EXAMPLE] * 64)
+    assert [guard.judge(roles, step, cfg, seed=0)["guard/kept_iteration"] for step in range(3)] == kept

@@ -11,13 +11,17 @@ streams are left as they were) and the reward role judges the samples:
 - ``ensemble``: the members' conservative score, mean − λ·std (Coste et al., 2024): responses the members disagree
   on are worth less.
 
-The probe the signal rates best (by more than ``guard.min_gain`` over the kept one) is kept: its weights are
-snapshotted, and the stage saves them instead of the last iteration's. Every probe logs ``guard/score``,
+The probe the signal rates best is kept: a later probe replaces the kept one when its score is higher by more than
+``guard.min_gain`` and, with ``guard.min_z`` > 0, by more than ``min_z`` paired standard errors of their per-prompt
+scores (the probe's prompts are the same each time, so the difference is paired): a later iteration must show
+it is better, not merely score higher by noise. Its weights are snapshotted, and the stage saves them instead of the
+last iteration's. Every probe logs ``guard/score``,
 ``guard/disagreement`` (the members' spread) and, for the curves only, ``guard/gold_reward`` (never read here);
 ``guard.json`` beside the model names the iteration kept and why.
 """
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +56,24 @@ def guard_signal(cfg: RLConfig, rewarded_by_model: bool, has_judge: bool) -> str
     return signal
 
 
+def per_prompt(scores: torch.Tensor, prompt_index: list[int], prompts: int) -> torch.Tensor:
+    """(N,) scores of responses to ``prompts`` prompts (response i answers prompt ``prompt_index[i]``) -> (prompts,)
+    each prompt's mean score."""
+    index = torch.tensor(prompt_index)
+    sums = torch.zeros(prompts, dtype=scores.dtype).index_add_(0, index, scores)
+    return sums / torch.bincount(index, minlength=prompts).clamp(min=1)
+
+
+def clearly_better(scores: torch.Tensor, kept: torch.Tensor, min_z: float) -> bool:
+    """Whether per-prompt ``scores`` beat the ``kept`` probe's on the same prompts by more than ``min_z`` standard
+    errors of the paired difference (its mean over its sample standard deviation / sqrt(prompts))."""
+    difference = (scores - kept).double()
+    mean = difference.mean().item()
+    if len(difference) < 2:
+        return mean > 0
+    return mean > min_z * difference.std(correction=1).item() / math.sqrt(len(difference))
+
+
 @dataclass
 class Guard:
     """The probes so far, and the iteration kept with its weights (None until the first probe)."""
@@ -62,6 +84,7 @@ class Guard:
     kept_step: int | None = None
     kept_score: float = float("-inf")
     kept_weights: dict[str, torch.Tensor] | None = None
+    kept_per_prompt: torch.Tensor | None = None  # the kept probe's per-prompt scores, for guard.min_z
 
     def due(self, step: int, cfg: RLConfig) -> bool:
         """Whether iteration ``step`` (0: before the first) ends with a probe."""
@@ -77,13 +100,17 @@ class Guard:
         judged = roles.reward.judge_scores(per_response, completions).result()
         gold = [gold_utility(self.probe[c.prompt_index], c.text, c.env_reward) for c in completions]
         score = judged[self.signal].mean().item()
+        scores = per_prompt(judged[self.signal].float(), [c.prompt_index for c in completions], len(prompts))
         metrics = {
             "guard/score": score,
             "guard/disagreement": judged["disagreement"].mean().item(),
             "guard/gold_reward": sum(gold) / len(gold),  # for the curves: the choice never reads it
         }
-        if self.kept_step is None or score > self.kept_score + cfg.guard.min_gain:
-            self.kept_step, self.kept_score = step, score
+        higher = score > self.kept_score + cfg.guard.min_gain
+        if self.kept_step is None or (
+            higher and (cfg.guard.min_z == 0 or clearly_better(scores, self.kept_per_prompt, cfg.guard.min_z))
+        ):
+            self.kept_step, self.kept_score, self.kept_per_prompt = step, score, scores
             self.kept_weights = roles.actor.weights().result()
         metrics["guard/kept_iteration"] = float(self.kept_step)
         self.probes.append({"step": step, **metrics})
@@ -110,8 +137,10 @@ class Guard:
             "kept_step": self.kept_step,
             "kept_score": self.kept_score,
             "kept_weights": self.kept_weights,
+            "kept_per_prompt": self.kept_per_prompt,
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.probes, self.kept_step = state["probes"], state["kept_step"]
         self.kept_score, self.kept_weights = state["kept_score"], state["kept_weights"]
+        self.kept_per_prompt = state["kept_per_prompt"]

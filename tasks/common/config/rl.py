@@ -106,6 +106,13 @@ class GuardConfig:
         "signal's units): noise between probes should not move the choice.",
         ge=0,
     )
+    min_z: float = param(
+        0.0,
+        "A later probe replaces the kept iteration only when, besides min_gain, its per-prompt scores beat the kept "
+        "probe's by more than this many standard errors of their paired difference (the same prompts each time): "
+        "a later, further-trained iteration must show it is better. 0: the score alone decides.",
+        ge=0,
+    )
 
 
 @schema_section
