@@ -18,7 +18,7 @@ from tasks.data.problems import Example
 from tasks.data.prompts import BARE
 from tasks.params.load import load_params
 from tasks.rl.core_algos import POLICY_LOSSES, adaptive_kl_coef, explained_variance
-from tasks.rl.guard import Guard, clearly_better, per_prompt
+from tasks.rl.guard import Guard, clearly_better
 from tasks.rl.learner import RunningMoments, prepare_scores
 from tasks.rl.policy_gradient import policy_gradient_loss
 from tasks.rl.sequences import pack, pack_text, response_logprobs, shared_prompt_logits
@@ -298,18 +298,6 @@ def test_the_actor_learning_rate_warms_up_then_follows_its_schedule(model_dir, s
     params = load_params(REPO / "params.yaml", [f"grpo.{o}" for o in overrides])
     multiple = ActorWorker(params, params.grpo, model_dir).scheduler.lr_lambdas[0]
     assert [multiple(step) for step in (0, 1, 3, 5)] == pytest.approx(expected, abs=1e-9)
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    st.lists(st.tuples(st.integers(0, 5), st.floats(-3, 3)), min_size=1, max_size=30),
-)
-def test_the_guards_per_prompt_scores_are_each_prompts_mean(scored):
-    prompts = 6
-    means = per_prompt(torch.tensor([s for _, s in scored], dtype=torch.float64), [i for i, _ in scored], prompts)
-    for prompt in range(prompts):
-        own = [s for i, s in scored if i == prompt]
-        assert means[prompt].item() == pytest.approx(statistics.fmean(own) if own else 0.0, abs=1e-9)
 
 
 @settings(max_examples=100, deadline=None)

@@ -56,14 +56,6 @@ def guard_signal(cfg: RLConfig, rewarded_by_model: bool, has_judge: bool) -> str
     return signal
 
 
-def per_prompt(scores: torch.Tensor, prompt_index: list[int], prompts: int) -> torch.Tensor:
-    """(N,) scores of responses to ``prompts`` prompts (response i answers prompt ``prompt_index[i]``) -> (prompts,)
-    each prompt's mean score."""
-    index = torch.tensor(prompt_index)
-    sums = torch.zeros(prompts, dtype=scores.dtype).index_add_(0, index, scores)
-    return sums / torch.bincount(index, minlength=prompts).clamp(min=1)
-
-
 def clearly_better(scores: torch.Tensor, kept: torch.Tensor, min_z: float) -> bool:
     """Whether per-prompt ``scores`` beat the ``kept`` probe's on the same prompts by more than ``min_z`` standard
     errors of the paired difference (its mean over its sample standard deviation / sqrt(prompts))."""
@@ -100,7 +92,7 @@ class Guard:
         judged = roles.reward.judge_scores(per_response, completions).result()
         gold = [gold_utility(self.probe[c.prompt_index], c.text, c.env_reward) for c in completions]
         score = judged[self.signal].mean().item()
-        scores = per_prompt(judged[self.signal].float(), [c.prompt_index for c in completions], len(prompts))
+        scores = judged[self.signal].view(len(prompts), -1).mean(1)  # each prompt's group_size samples, in a row
         metrics = {
             "guard/score": score,
             "guard/disagreement": judged["disagreement"].mean().item(),
