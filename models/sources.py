@@ -144,10 +144,25 @@ def gguf_metadata(path: Path) -> dict[str, object]:
     return _gguf_metadata(path.resolve(), stat.st_size, stat.st_mtime_ns)
 
 
+@functools.cache
+def ggml_quant_sizes() -> dict[int, tuple[int, int]]:
+    """The gguf package's table of GGML tensor types, (block size, bytes a block), read from its ``constants``
+    module alone: ``import gguf`` also imports its vocabulary helpers and through them mistral_common and OpenCV
+    (about 1.8 s, on every stage of a project whose model is a GGUF file, and a thread OpenCV starts, which a warm
+    runner refuses to fork with)."""
+    package = importlib.util.find_spec("gguf")
+    if package is None or not package.submodule_search_locations:
+        raise ModelSourceError("reading a GGUF file needs the gguf package (pip install gguf)")
+    location = Path(package.submodule_search_locations[0]) / "constants.py"
+    spec = importlib.util.spec_from_file_location("alignflow_gguf_constants", location)
+    constants = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(constants)
+    return {int(kind): sizes for kind, sizes in constants.GGML_QUANT_SIZES.items()}
+
+
 @functools.lru_cache(maxsize=8)
 def _gguf_metadata(path: Path, size: int, modified: int) -> dict[str, object]:
-    from gguf import GGML_QUANT_SIZES
-
+    quant_sizes = ggml_quant_sizes()
     with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
         cursor = _Cursor(data)
         try:
@@ -159,9 +174,9 @@ def _gguf_metadata(path: Path, size: int, modified: int) -> dict[str, object]:
                 (dimensions,) = cursor.read("I")
                 shape = cursor.read("Q" * dimensions)
                 kind, offset = cursor.read("IQ")
-                if kind not in GGML_QUANT_SIZES:  # an IntEnum's keys: a plain int finds them
+                if kind not in quant_sizes:
                     raise ModelSourceError(f"tensor {name!r} has GGML type {kind}, which does not parse")
-                block, size = GGML_QUANT_SIZES[kind]
+                block, size = quant_sizes[kind]
                 ends.append(offset + math.prod(shape) // block * size)
         except struct.error as error:
             raise ModelSourceError(

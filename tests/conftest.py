@@ -137,10 +137,17 @@ def _warm_runner_path() -> str | None:
         os.environ.update(current)
 
 
-def dvc(path: Path, *args: str) -> str:
+def warm(env: dict[str, str] = ENV) -> dict[str, str]:
+    """``env`` naming this test process's warm runner: an ``alignflow stage`` or ``alignflow repro`` run with it
+    forks its stages from the runner instead of importing torch, transformers and the stages anew (about 8
+    CPU-seconds a command here; `alignflow repro` would start a runner of its own and run its first stages cold
+    while that one imports). ``env`` as it is when no runner could start."""
     socket_path = _warm_runner_path()
-    env = ENV if socket_path is None else {**ENV, warm_runner.ENV_VAR: socket_path}
-    result = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=path, env=env, capture_output=True, text=True)
+    return env if socket_path is None else {**env, warm_runner.ENV_VAR: socket_path}
+
+
+def dvc(path: Path, *args: str) -> str:
+    result = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=path, env=warm(), capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout + result.stderr
 
@@ -161,9 +168,10 @@ def report_json(path: Path) -> dict:
 
 
 def kill_at_first_checkpoint(command: list[str], cwd: Path, checkpoints: Path) -> None:
-    """Run ``command`` and SIGKILL its whole process group as soon as a checkpoint appears under ``checkpoints``."""
+    """Run ``command`` and SIGKILL its whole process group as soon as a checkpoint appears under ``checkpoints``
+    (a stage it handed to the warm runner is killed by the runner when the command's connection closes)."""
     run = subprocess.Popen(
-        command, cwd=cwd, env=ENV, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        command, cwd=cwd, env=warm(), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     deadline = time.monotonic() + 300
     while not list(checkpoints.glob("*/latest.pt")) and time.monotonic() < deadline:
@@ -177,7 +185,7 @@ def resume_after_kill(stage: str, project: Path) -> str:
     """Kill ``alignflow stage <stage>`` at its first checkpoint, run it again to the end; the rerun's output."""
     checkpoints = project / ".alignflow/checkpoints" / stage
     kill_at_first_checkpoint(["alignflow", "stage", stage], project, checkpoints)
-    resumed = subprocess.run(["alignflow", "stage", stage], cwd=project, env=ENV, capture_output=True, text=True)
+    resumed = subprocess.run(["alignflow", "stage", stage], cwd=project, env=warm(), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     assert not checkpoints.exists(), "a finished stage leaves no checkpoint behind"
     return resumed.stdout + resumed.stderr

@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 import yaml
 
-from tests.conftest import ENV, make_project, report_json, stages_run
+from tests.conftest import make_project, report_json, stages_run, warm
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +19,7 @@ STAGES = {"agent_data", "agent_base", "agent_sft", "agent_grpo", "agent_eval@age
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory) -> dict:
     path = make_project(tmp_path_factory.mktemp("agent"))
-    result = subprocess.run(["alignflow", "repro", "agent"], cwd=path, env=ENV, capture_output=True, text=True)
+    result = subprocess.run(["alignflow", "repro", "agent"], cwd=path, env=warm(), capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return {"path": path, "output": result.stdout + result.stderr}
 
@@ -78,7 +78,7 @@ def test_a_tool_reading_its_rows_hidden_data_runs_through_repro_agent_with_no_en
     path = make_project(tmp_path)
     small = ["agent_data.num_train=64", "agent_data.num_test=4", "agent_sft.max_steps=4", "agent_grpo.steps=1"]
     args = ["alignflow", "repro", "agent", "@examples/shop/tiny.args", *small, "agent_eval.k=1"]
-    result = subprocess.run(args, cwd=path, env=ENV, capture_output=True, text=True)
+    result = subprocess.run(args, cwd=path, env=warm(), capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert stages_run(result.stdout + result.stderr) == STAGES
     rows = [json.loads(line) for line in (path / "artifacts/agent_data/train.jsonl").read_text().splitlines()]

@@ -21,7 +21,7 @@ from tasks.rl.learner import LoopState
 from tasks.rl.role_handles import Pending, Roles
 from tasks.rl.trainer import collect
 from tasks.rollout.engine import Completion
-from tests.conftest import ENV, kill_at_first_checkpoint, make_project
+from tests.conftest import kill_at_first_checkpoint, make_project, warm
 
 SEED = 0
 EXAMPLES = [Example("arithmetic", f"q{i}=", str(i), f"<answer>{i}</answer>") for i in range(40)]
@@ -111,7 +111,7 @@ GRPO = (
 def project(tmp_path_factory):
     path = make_project(tmp_path_factory.mktemp("project"))
     for stage in ("data", "base"):
-        subprocess.run(["alignflow", "stage", stage], cwd=path, env=ENV, check=True, capture_output=True)
+        subprocess.run(["alignflow", "stage", stage], cwd=path, env=warm(), check=True, capture_output=True)
     yield path
     ray.shutdown()
 
@@ -154,12 +154,12 @@ def test_an_asynchronous_run_killed_mid_run_resumes_to_the_uninterrupted_runs_bi
     did."""
     command = ["alignflow", "stage", "grpo_zero", *GRPO, "grpo.steps=4", "grpo.save_every=1", "grpo.max_staleness=1"]
     model = project / "artifacts/grpo_zero/model.safetensors"
-    subprocess.run(command, cwd=project, env=ENV, check=True, capture_output=True)
+    subprocess.run(command, cwd=project, env=warm(), check=True, capture_output=True)
     uninterrupted = load_file(model)
     checkpoints = project / ".alignflow/checkpoints/grpo_zero"
     kill_at_first_checkpoint(command, project, checkpoints)
     time.sleep(1)  # the engine actors end with the stage's Ray, within a fraction of a second
-    resumed = subprocess.run(command, cwd=project, env=ENV, capture_output=True, text=True)
+    resumed = subprocess.run(command, cwd=project, env=warm(), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     assert "grpo_zero: resuming from the checkpoint at step" in resumed.stdout + resumed.stderr
     weights = load_file(model)

@@ -31,7 +31,7 @@ from tasks.data.datasets import PreferencePair, read_examples, write_jsonl
 from tasks.params.load import load_params
 from tasks.rl.placement import check_engines_fit
 from tasks.stages.reward_model import train_member
-from tests.conftest import ENV, kill_at_first_checkpoint, make_project
+from tests.conftest import ENV, kill_at_first_checkpoint, make_project, warm
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,7 @@ def project(tmp_path_factory):
     """A tiny project with its data and base model built."""
     path = make_project(tmp_path_factory.mktemp("project"), STEPS)
     for stage in ("data", "base"):
-        subprocess.run(["alignflow", "stage", stage], cwd=path, env=ENV, check=True, capture_output=True)
+        subprocess.run(["alignflow", "stage", stage], cwd=path, env=warm(), check=True, capture_output=True)
     yield path
     ray.shutdown()
 
@@ -95,7 +95,7 @@ def test_a_checkpoint_resumes_on_another_number_of_workers(project, one_worker, 
     step = torch.load(next(checkpoints.glob("*/latest.pt")), weights_only=False)["step"]
     assert 0 < step < 20
     resume = ["alignflow", "stage", "sft", f"sft.parallel.num_workers={resumed}", *every_step]
-    ran = subprocess.run(resume, cwd=project, env=ENV, capture_output=True, text=True)
+    ran = subprocess.run(resume, cwd=project, env=warm(), capture_output=True, text=True)
     assert ran.returncode == 0 and f"resuming from the checkpoint at step {step}" in ran.stdout + ran.stderr
     assert _close(load_file(project / "artifacts/sft/model.safetensors"), one_worker[1], 1e-5)
 

@@ -9,7 +9,7 @@ import yaml
 
 from tasks.data.datasets import read_examples
 from tasks.data.problems import score_response
-from tests.conftest import ENV, dvc, make_project, report_json, repro, resume_after_kill, stages_run
+from tests.conftest import dvc, make_project, report_json, repro, resume_after_kill, stages_run, warm
 from tests.test_r1_pipeline import EASY
 
 pytestmark = pytest.mark.slow
@@ -72,7 +72,7 @@ def test_gkd_with_teacher_batches_runs_as_a_stage_and_leaves_the_teacher_alone(d
     result = subprocess.run(
         ["alignflow", "stage", "distill", "distill.distill_loss=gkd", "distill.lmbda=0.5", "distill.jsd_beta=0.3"],
         cwd=path,
-        env=ENV,
+        env=warm(),
         capture_output=True,
         text=True,
     )

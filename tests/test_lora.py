@@ -19,7 +19,7 @@ from tasks.rl.placement import placed
 from tasks.rl.role_handles import AdapterReference
 from tasks.rl.sequences import pack_text, response_logprobs
 from tasks.rl.workers import CriticWorker
-from tests.conftest import ENV, kill_at_first_checkpoint, make_project, tiny_model
+from tests.conftest import kill_at_first_checkpoint, make_project, tiny_model, warm
 
 LORA = LoraConfig(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "down_proj"))
 PROMPTS, RESPONSES = ["1+2=", "98-7=", "12*3="], ["<think>1+2=3</think><answer>3</answer>", "91", "<answer>36"]
@@ -106,13 +106,13 @@ def test_an_adapted_bf16_mixed_sft_killed_mid_run_resumes_to_identical_weights(t
     overrides = ("sft.lora.rank=4", "sft.precision=bf16-mixed", "sft.save_every=5", "sft.max_steps=30")
     whole = make_project(tmp_path, overrides)
     for stage in ("data", "base", "sft"):
-        subprocess.run(["alignflow", "stage", stage], cwd=whole, env=ENV, check=True, capture_output=True)
+        subprocess.run(["alignflow", "stage", stage], cwd=whole, env=warm(), check=True, capture_output=True)
     expected = load_file(whole / "artifacts/sft/model.safetensors")
     adapter = load_file(whole / "artifacts/sft/adapter/adapter_model.safetensors")
 
     checkpoints = whole / ".alignflow/checkpoints/sft"
     kill_at_first_checkpoint(["alignflow", "stage", "sft"], whole, checkpoints)
-    resumed = subprocess.run(["alignflow", "stage", "sft"], cwd=whole, env=ENV, capture_output=True, text=True)
+    resumed = subprocess.run(["alignflow", "stage", "sft"], cwd=whole, env=warm(), capture_output=True, text=True)
     assert resumed.returncode == 0 and "resuming from the checkpoint at step 5" in resumed.stdout + resumed.stderr
     again = load_file(whole / "artifacts/sft/model.safetensors")
     assert all(torch.equal(expected[name], again[name]) for name in expected)

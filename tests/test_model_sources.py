@@ -14,7 +14,7 @@ from gguf import GGUFWriter
 from omegaconf import OmegaConf
 
 from flows.cli import main
-from tests.conftest import ENV, make_project, stages_run
+from tests.conftest import ENV, make_project, stages_run, warm
 
 _TOKENS = ["<s>", "</s>", *"abcdefghijklmnopqrstuvwxyz0123456789 +=", "ab"]
 
@@ -97,7 +97,7 @@ def test_a_gguf_whose_architecture_has_weights_the_file_lacks_is_refused_naming_
 
 
 def _alignflow(project: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["alignflow", *args], cwd=project, env=ENV, capture_output=True, text=True)
+    return subprocess.run(["alignflow", *args], cwd=project, env=warm(), capture_output=True, text=True)
 
 
 def _dvc(project: Path, *args: str) -> subprocess.CompletedProcess:
@@ -157,3 +157,23 @@ def test_gguf_metadata_reads_what_the_gguf_packages_reader_reads(tmp_path, chat_
         if field.types and field.types[0] != GGUFValueType.ARRAY:
             assert ours[key] == field.contents(), key
     assert has_chat_template(str(path)) == (chat_template is not None)
+
+
+def test_a_gguf_source_is_validated_with_the_gguf_packages_table_without_importing_the_package(tmp_path):
+    """The GGML block sizes the truncation check reads are the gguf package's own; validating a GGUF source in a
+    fresh interpreter leaves the package's vocabulary helpers (mistral_common, OpenCV) unimported."""
+    import sys
+
+    from gguf import GGML_QUANT_SIZES
+
+    from models.sources import ggml_quant_sizes
+
+    assert ggml_quant_sizes() == {int(kind): sizes for kind, sizes in GGML_QUANT_SIZES.items()}
+    path = tiny_gguf(tmp_path / "model.gguf")
+    heavy = ("gguf", "mistral_common", "cv2")
+    check = (
+        f"import sys; from models.sources import source_error; assert source_error({str(path)!r}) is None; "
+        f"print(sorted(name for name in {heavy!r} if name in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", check], env=ENV, capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr

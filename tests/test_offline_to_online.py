@@ -15,7 +15,7 @@ from tasks.data.judge import preference_metrics
 from tasks.data.prompts import BARE
 from tasks.rl.preference import pack_pairs, pair_logprobs, tokenize_pairs
 from tasks.rl.preference_losses import preference_loss
-from tests.conftest import ENV, dvc, make_project, report_json, repro, resume_after_kill, stages_run
+from tests.conftest import dvc, make_project, report_json, repro, resume_after_kill, stages_run, warm
 
 pytestmark = pytest.mark.slow
 
@@ -85,7 +85,7 @@ def test_the_online_stage_can_run_grpo_from_the_dpo_checkpoint_instead(o2o):
     result = subprocess.run(
         ["alignflow", "stage", "online_dpo", "online_dpo.update=policy_gradient"],
         cwd=o2o["path"],
-        env=ENV,
+        env=warm(),
         capture_output=True,
         text=True,
     )

@@ -12,7 +12,7 @@ import pytest
 
 from flows.cli import main
 from tasks.common.artifacts import stage_lock
-from tests.conftest import ENV
+from tests.conftest import warm
 
 
 @pytest.fixture
@@ -65,12 +65,12 @@ def test_a_read_only_artifacts_directory_is_named_in_one_line(project, capsys, r
 @pytest.mark.slow
 def test_a_second_run_of_a_running_stage_is_refused_naming_the_first(project):
     with stage_lock("data"):  # the first run, holding the stage
-        second = subprocess.run(["alignflow", "stage", "data"], cwd=project, env=ENV, capture_output=True, text=True)
+        second = subprocess.run(["alignflow", "stage", "data"], cwd=project, env=warm(), capture_output=True, text=True)
     assert second.returncode == 2
     assert f"stage 'data' is already running in this project (pid {os.getpid()})" in second.stderr
     assert not (project / "artifacts").exists() and not (project / "metrics").exists()
     # once the first has finished, the stage runs
-    assert subprocess.run(["alignflow", "stage", "data"], cwd=project, env=ENV, capture_output=True).returncode == 0
+    assert subprocess.run(["alignflow", "stage", "data"], cwd=project, env=warm(), capture_output=True).returncode == 0
 
 
 @pytest.mark.slow
@@ -82,5 +82,5 @@ def test_a_stage_clears_a_killed_runs_temporary_output_but_not_a_running_ones(pr
     for temporary in (killed, running):
         (temporary / "train.jsonl").parent.mkdir(parents=True)
         (temporary / "train.jsonl").write_text("{}\n")
-    assert subprocess.run(["alignflow", "stage", "data"], cwd=project, env=ENV, capture_output=True).returncode == 0
+    assert subprocess.run(["alignflow", "stage", "data"], cwd=project, env=warm(), capture_output=True).returncode == 0
     assert not killed.exists() and (running / "train.jsonl").is_file()

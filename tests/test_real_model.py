@@ -14,7 +14,7 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tasks.pipelines import PIPELINES
-from tests.conftest import ENV, REPO, make_project
+from tests.conftest import REPO, make_project, warm
 
 pytestmark = pytest.mark.slow
 
@@ -84,7 +84,7 @@ def test_every_pipeline_runs_smollm2_through_the_overlay(tmp_path):
     for pipeline in PIPELINES:
         overrides = ["@examples/smollm2.args", *FEW_STEPS, own_remote, no_push] if pipeline == "sft" else []
         result = subprocess.run(
-            ["alignflow", "repro", pipeline, *overrides], cwd=project, env=ENV, capture_output=True, text=True
+            ["alignflow", "repro", pipeline, *overrides], cwd=project, env=warm(), capture_output=True, text=True
         )
         assert result.returncode == 0, f"{pipeline}:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]

@@ -11,7 +11,7 @@ import boto3
 import pytest
 
 from flows.local_server import free_port
-from tests.conftest import ENV, make_project, md5_tree, stages_run
+from tests.conftest import ENV, make_project, md5_tree, stages_run, warm
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +51,9 @@ def _boto_credentials() -> dict[str, str]:
 
 
 def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(command, cwd=cwd, env={**ENV, **CREDENTIALS}, capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        command, cwd=cwd, env=warm({**ENV, **CREDENTIALS}), capture_output=True, text=True, timeout=900
+    )
 
 
 def test_push_to_s3_and_pull_into_a_fresh_clone(s3_endpoint, tmp_path):

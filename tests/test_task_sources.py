@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ENV, REPO, make_project, stages_run
+from tests.conftest import ENV, REPO, make_project, stages_run, warm
 
 pytestmark = pytest.mark.slow
 
 
 def _alignflow(project: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["alignflow", *args], cwd=project, env=ENV, capture_output=True, text=True)
+    return subprocess.run(["alignflow", *args], cwd=project, env=warm(), capture_output=True, text=True)
 
 
 def test_an_edited_task_module_reruns_its_data_and_an_unchanged_one_nothing(tmp_path):

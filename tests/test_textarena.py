@@ -13,7 +13,7 @@ from tasks.data.datasets import generate_splits
 from tasks.data.problems import TaskError, score_credit, score_response
 from tasks.data.problems import textarena_family as textarena
 from tasks.data.trace_replay import trace_errors
-from tests.conftest import ENV, REPO, make_project, report_json
+from tests.conftest import REPO, make_project, report_json, warm
 
 GAME = "GuessTheNumber-v0"
 TASK = SimpleNamespace(name="textarena", textarena=SimpleNamespace(game=GAME, forfeit_reward=0.0))
@@ -107,7 +107,7 @@ def test_repro_agent_plays_a_textarena_game_through_eval_with_its_reward_in_metr
     path = make_project(tmp_path)
     small = ["agent_data.num_train=24", "agent_data.num_test=4", "agent_sft.max_steps=4", "agent_grpo.steps=2"]
     args = ["alignflow", "repro", "agent", "@examples/textarena/tiny.args", *small]
-    result = subprocess.run(args, cwd=path, env=ENV, capture_output=True, text=True)
+    result = subprocess.run(args, cwd=path, env=warm(), capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = report_json(path)
     for model in ("agent_sft", "agent_grpo"):

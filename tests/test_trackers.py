@@ -13,7 +13,7 @@ from tasks.common.artifacts import metrics_dir
 from tasks.common.trackers import lineage, param_values
 from tasks.kinds import stage_kinds
 from tasks.params.load import load_params
-from tests.conftest import ENV, REPO, make_project, md5_tree
+from tests.conftest import REPO, make_project, md5_tree, warm
 
 STAGES = {"data", "base", "sft", "eval@base", "eval@sft"}
 
@@ -31,7 +31,7 @@ def test_a_stage_of_a_round_sends_its_rounds_as_keys_and_its_round_inputs_hashes
 @pytest.fixture(scope="module")
 def tracked(tmp_path_factory):
     project = make_project(tmp_path_factory.mktemp("tracked"), ("tracking.to=[mlflow,tensorboard]",))
-    result = subprocess.run(["alignflow", "repro", "sft"], cwd=project, env=ENV, capture_output=True, text=True)
+    result = subprocess.run(["alignflow", "repro", "sft"], cwd=project, env=warm(), capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "tracking:" not in result.stderr  # no tracker warned
     return project
@@ -92,7 +92,7 @@ def test_a_tracker_that_cannot_write_is_one_warning_each_and_the_stage_lands_as_
     def data_stage(project, *tracking: str) -> subprocess.CompletedProcess:
         make_project(project, tracking)
         (project / "blocked").write_text("a file where the trackers' stores would be folders")
-        return subprocess.run(["alignflow", "stage", "data"], cwd=project, env=ENV, capture_output=True, text=True)
+        return subprocess.run(["alignflow", "stage", "data"], cwd=project, env=warm(), capture_output=True, text=True)
 
     tracked = data_stage(
         tmp_path / "tracked",
