@@ -397,12 +397,21 @@ def _require_a_commit(command: str) -> None:
         )
 
 
+# What every command sets in its environment, unless set already: the stages and the warm runner it starts inherit
+# it, and a runner started elsewhere forks a command's stages only when it started with the same (PREFECT_ is read
+# at import).
+COMMAND_ENVIRONMENT = {
+    # The Prefect server a flow run starts for itself would report usage over the network (an ERROR line offline).
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    # Its 20 s to start that server ran out on a machine busy training (the run then failed before any stage).
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # The Prefect server a flow run starts for itself would report usage over the network (an ERROR line offline).
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # Its 20 s to start that server ran out on a machine busy training (the run then failed before any stage).
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    for key, value in COMMAND_ENVIRONMENT.items():
+        os.environ.setdefault(key, value)
     if argv[:1] == ["stage"] and len(argv) > 1 and not argv[1].startswith("-") and {"-h", "--help"} & set(argv):
         argv = [arg for arg in argv if arg not in ("-h", "--help")]
         params_file = argv[argv.index("--params") + 1] if "--params" in argv else "params.yaml"

@@ -17,6 +17,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from flows import warm_runner
+from flows.cli import COMMAND_ENVIRONMENT
 from flows.fingerprints import SOURCES_STAGE
 from tasks.pipelines import PIPELINES
 
@@ -67,8 +68,11 @@ def produced(project: Path) -> list[str]:
 
 
 TINY = [line for line in (REPO / "examples/tiny.args").read_text().splitlines() if line and line[0] != "#"]
-# What a stage run in this process sets in its environment (flows.cli.quiet_libraries), set before ENV is taken
-# and the warm runner starts: a stage forks from the runner only when the variables its imports read agree.
+# What a command (flows.cli's COMMAND_ENVIRONMENT) and a stage run in this process (flows.cli.quiet_libraries) set
+# in their environment, set before ENV is taken and the warm runner starts: a command's stage forks from the runner
+# only when the variables its imports read agree.
+for _key, _value in COMMAND_ENVIRONMENT.items():
+    os.environ.setdefault(_key, _value)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}

@@ -100,6 +100,21 @@ def test_alignflow_repro_runs_its_stages_warm_to_the_cold_runs_lock(uninterrupte
     assert outs == {name: entry.get("outs") for name, entry in uninterrupted["lock"].items()}
 
 
+def test_alignflow_repro_handed_a_runner_forks_every_stage_from_it(runner, uninterrupted, tmp_path):
+    """A runner the command did not start (a test process's own) takes the stages of an `alignflow repro` that
+    names it: what the command sets in its environment (flows.cli.COMMAND_ENVIRONMENT) is what the runner started
+    with, so none runs cold, and the lock is the cold run's."""
+    project = make_project(tmp_path / "handed")
+    before = len(served(runner))
+    environment = {**os.environ, "PATH": ENV["PATH"], warm_runner.ENV_VAR: str(runner.parent / "socket")}
+    result = subprocess.run(["alignflow", "repro", "sft"], cwd=project, env=environment, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    handed = [line.split(" ", 1) for line in served(runner)[before:]]
+    assert ("alignflow stage sft" in {command for _, command in handed}) and all(pid.isdigit() for pid, _ in handed)
+    outs = {name: entry.get("outs") for name, entry in lock_entries(project).items()}
+    assert outs == {name: entry.get("outs") for name, entry in uninterrupted["lock"].items()}
+
+
 def _processes_in(project: Path) -> list[int]:
     """The processes working in ``project``: the command, DVC's stage client, the runner, its session, the stage."""
     found = []
