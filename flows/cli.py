@@ -397,9 +397,9 @@ def _require_a_commit(command: str) -> None:
         )
 
 
-# What every command sets in its environment, unless set already: the stages and the warm runner it starts inherit
-# it, and a runner started elsewhere forks a command's stages only when it started with the same (PREFECT_ is read
-# at import).
+# What `main` sets in a command's environment, unless set already: the stages and the warm runner the command starts
+# inherit it, and a runner started elsewhere forks the command's stages only when it started with the same (PREFECT_
+# is read at import).
 COMMAND_ENVIRONMENT = {
     # The Prefect server a flow run starts for itself would report usage over the network (an ERROR line offline).
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",

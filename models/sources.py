@@ -147,13 +147,11 @@ def gguf_metadata(path: Path) -> dict[str, object]:
 @functools.cache
 def ggml_quant_sizes() -> dict[int, tuple[int, int]]:
     """The gguf package's table of GGML tensor types, (block size, bytes a block), read from its ``constants``
-    module alone: ``import gguf`` also imports its vocabulary helpers and through them mistral_common and OpenCV
-    (about 1.8 s, on every stage of a project whose model is a GGUF file, and a thread OpenCV starts, which a warm
-    runner refuses to fork with)."""
-    package = importlib.util.find_spec("gguf")
-    if package is None or not package.submodule_search_locations:
-        raise ModelSourceError("reading a GGUF file needs the gguf package (pip install gguf)")
-    location = Path(package.submodule_search_locations[0]) / "constants.py"
+    module alone (a module of the standard library's imports only, in the gguf version pyproject.toml pins;
+    tests/test_model_sources.py compares the table with the package's): ``import gguf`` also imports its vocabulary
+    helpers and through them mistral_common and OpenCV, about 1.8 s on every command and stage of a project whose
+    model is a GGUF file."""
+    location = Path(importlib.util.find_spec("gguf").submodule_search_locations[0]) / "constants.py"
     spec = importlib.util.spec_from_file_location("alignflow_gguf_constants", location)
     constants = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(constants)

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 from omegaconf import OmegaConf
@@ -121,11 +122,11 @@ _warm_runner = contextlib.ExitStack()
 
 
 @functools.cache
-def _warm_runner_path() -> str | None:
-    """This test process's warm stage runner (flows/warm_runner.py), started on first use: the stages ``dvc``
-    runs fork from it rather than import torch, transformers and the stages anew (about 5 s a stage here). Kept out
-    of os.environ, so that what else a test starts runs as it would without it. Started with ENV, as the stages
-    are: a variable a test left in os.environ (Ray's, Prefect's) would make every stage differ and run cold."""
+def _this_process_runner() -> tuple[str, Path] | None:
+    """This test process's warm stage runner (flows/warm_runner.py), started on first use: its socket and its log
+    (a line for each stage it forks, ``<pid> alignflow stage ...``). Kept out of os.environ, so that what else a
+    test starts runs as it would without it. Started with ENV, as the stages are: a variable a test left in
+    os.environ (Ray's, Prefect's) would make every stage differ and run cold."""
     # at exit, not in a session fixture: test files import this module as tests.conftest, a module apart from the
     # conftest pytest loads, and the runner they start is this one's
     atexit.register(_warm_runner.close)
@@ -133,9 +134,8 @@ def _warm_runner_path() -> str | None:
     os.environ.clear()
     os.environ.update(ENV)  # the runner starts with the stages' environment, whatever earlier tests set since
     try:
-        if _warm_runner.enter_context(warm_runner.started()) is None:
-            return None
-        return os.environ.pop(warm_runner.ENV_VAR)
+        log = _warm_runner.enter_context(warm_runner.started())
+        return None if log is None else (os.environ.pop(warm_runner.ENV_VAR), Path(log))
     finally:
         os.environ.clear()
         os.environ.update(current)
@@ -143,11 +143,11 @@ def _warm_runner_path() -> str | None:
 
 def warm(env: dict[str, str] = ENV) -> dict[str, str]:
     """``env`` naming this test process's warm runner: an ``alignflow stage`` or ``alignflow repro`` run with it
-    forks its stages from the runner instead of importing torch, transformers and the stages anew (about 8
-    CPU-seconds a command here; `alignflow repro` would start a runner of its own and run its first stages cold
-    while that one imports). ``env`` as it is when no runner could start."""
-    socket_path = _warm_runner_path()
-    return env if socket_path is None else {**env, warm_runner.ENV_VAR: socket_path}
+    (and the stages conftest's ``dvc`` runs) fork their stages from the runner instead of importing torch,
+    transformers and the stages anew (about 8 CPU-seconds a stage here; `alignflow repro` would start a runner of
+    its own and run its first stages cold while that one imports). ``env`` as it is when no runner could start."""
+    runner = _this_process_runner()
+    return env if runner is None else {**env, warm_runner.ENV_VAR: runner[0]}
 
 
 def dvc(path: Path, *args: str) -> str:
@@ -172,8 +172,11 @@ def report_json(path: Path) -> dict:
 
 
 def kill_at_first_checkpoint(command: list[str], cwd: Path, checkpoints: Path) -> None:
-    """Run ``command`` and SIGKILL its whole process group as soon as a checkpoint appears under ``checkpoints``
-    (a stage it handed to the warm runner is killed by the runner when the command's connection closes)."""
+    """Run ``command`` and SIGKILL its whole process group as soon as a checkpoint appears under ``checkpoints``;
+    return once the stages it handed to the warm runner (which kills them when the command's connection closes)
+    are gone too, as the stages of a command run cold are with its group."""
+    runner = _this_process_runner()
+    forked_before = len(runner[1].read_text().splitlines()) if runner else 0
     run = subprocess.Popen(
         command, cwd=cwd, env=warm(), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -182,6 +185,11 @@ def kill_at_first_checkpoint(command: list[str], cwd: Path, checkpoints: Path) -
         time.sleep(0.02)
     os.killpg(run.pid, signal.SIGKILL)
     run.wait()
+    for line in runner[1].read_text().splitlines()[forked_before:] if runner else []:
+        pid = line.partition(" ")[0]
+        if pid.isdigit():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(int(pid)).wait(timeout=60)
     assert list(checkpoints.glob("*/latest.pt")), "no checkpoint was written before the deadline"
 
 

@@ -5,16 +5,18 @@ follows the source's content, not its name."""
 import hashlib
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
-from gguf import GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGUFWriter
 from omegaconf import OmegaConf
 
 from flows.cli import main
-from tests.conftest import ENV, make_project, stages_run, warm
+from models.sources import ggml_quant_sizes
+from tests.conftest import ENV, REPO, make_project, stages_run, warm
 
 _TOKENS = ["<s>", "</s>", *"abcdefghijklmnopqrstuvwxyz0123456789 +=", "ab"]
 
@@ -101,7 +103,7 @@ def _alignflow(project: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def _dvc(project: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["dvc", *args], cwd=project, env=ENV, capture_output=True, text=True)
+    return subprocess.run(["dvc", *args], cwd=project, env=warm(), capture_output=True, text=True)
 
 
 @pytest.mark.slow
@@ -162,12 +164,6 @@ def test_gguf_metadata_reads_what_the_gguf_packages_reader_reads(tmp_path, chat_
 def test_a_gguf_source_is_validated_with_the_gguf_packages_table_without_importing_the_package(tmp_path):
     """The GGML block sizes the truncation check reads are the gguf package's own; validating a GGUF source in a
     fresh interpreter leaves the package's vocabulary helpers (mistral_common, OpenCV) unimported."""
-    import sys
-
-    from gguf import GGML_QUANT_SIZES
-
-    from models.sources import ggml_quant_sizes
-
     assert ggml_quant_sizes() == {int(kind): sizes for kind, sizes in GGML_QUANT_SIZES.items()}
     path = tiny_gguf(tmp_path / "model.gguf")
     heavy = ("gguf", "mistral_common", "cv2")
@@ -175,5 +171,5 @@ def test_a_gguf_source_is_validated_with_the_gguf_packages_table_without_importi
         f"import sys; from models.sources import source_error; assert source_error({str(path)!r}) is None; "
         f"print(sorted(name for name in {heavy!r} if name in sys.modules))"
     )
-    result = subprocess.run([sys.executable, "-c", check], env=ENV, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-c", check], cwd=REPO, env=ENV, capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr

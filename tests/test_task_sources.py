@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ENV, REPO, make_project, stages_run, warm
+from tests.conftest import REPO, make_project, stages_run, warm
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,7 @@ def test_an_edited_task_module_reruns_its_data_and_an_unchanged_one_nothing(tmp_
     rows = (project / "artifacts/agent_data/train.jsonl").read_text()
     game = project / "mygame/__init__.py"
     game.write_text(game.read_text().replace('"format error"', '"unreadable"'))  # the world's reply, not its data
-    edited = subprocess.run(["dvc", "repro", "agent_data"], cwd=project, env=ENV, capture_output=True, text=True)
+    edited = subprocess.run(["dvc", "repro", "agent_data"], cwd=project, env=warm(), capture_output=True, text=True)
     assert edited.returncode == 0 and "Running stage 'agent_data'" in edited.stdout, edited.stdout
     assert (project / "artifacts/agent_data/train.jsonl").read_text() == rows  # the same problems: DVC stops here
     lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]

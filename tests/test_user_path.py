@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from flows.cli import main
 from tasks.kinds import stage_kinds
 from tasks.params.load import load_params
-from tests.conftest import ENV, make_project
+from tests.conftest import ENV, make_project, warm
 
 
 def _example_name(kind) -> str:
@@ -125,7 +125,7 @@ def test_a_stage_refuses_a_bad_row_of_your_own_before_its_overrides_stick(projec
 
 
 def _alignflow(project, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["alignflow", *args], cwd=project, env=ENV, capture_output=True, text=True)
+    return subprocess.run(["alignflow", *args], cwd=project, env=warm(), capture_output=True, text=True)
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from flows import warm_runner
-from tests.conftest import ENV, lock_entries, make_project, md5_tree
+from tests.conftest import ENV, lock_entries, make_project, md5_tree, stages_run
 
 pytestmark = pytest.mark.slow
 STAGES = ("data", "base", "sft")
@@ -106,11 +106,12 @@ def test_alignflow_repro_handed_a_runner_forks_every_stage_from_it(runner, unint
     with, so none runs cold, and the lock is the cold run's."""
     project = make_project(tmp_path / "handed")
     before = len(served(runner))
-    environment = {**os.environ, "PATH": ENV["PATH"], warm_runner.ENV_VAR: str(runner.parent / "socket")}
+    environment = {**os.environ, "PATH": ENV["PATH"]}  # the fixture's runner named in it, as under its block
     result = subprocess.run(["alignflow", "repro", "sft"], cwd=project, env=environment, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     handed = [line.split(" ", 1) for line in served(runner)[before:]]
-    assert ("alignflow stage sft" in {command for _, command in handed}) and all(pid.isdigit() for pid, _ in handed)
+    assert all(pid.isdigit() for pid, _ in handed), handed
+    assert {command for _, command in handed} == {f"alignflow stage {name}" for name in stages_run(result.stdout)}
     outs = {name: entry.get("outs") for name, entry in lock_entries(project).items()}
     assert outs == {name: entry.get("outs") for name, entry in uninterrupted["lock"].items()}
 
