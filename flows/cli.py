@@ -158,9 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What a stage sets in its environment before the Hugging Face libraries read it, unless set already.
+LIBRARY_ENVIRONMENT = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+
+
 def quiet_libraries() -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    for key, value in LIBRARY_ENVIRONMENT.items():
+        os.environ.setdefault(key, value)
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()

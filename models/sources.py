@@ -149,7 +149,7 @@ def ggml_quant_sizes() -> dict[int, tuple[int, int]]:
     """The gguf package's table of GGML tensor types, (block size, bytes a block), read from its ``constants``
     module alone (a module of the standard library's imports only, in the gguf version pyproject.toml pins;
     tests/test_model_sources.py compares the table with the package's): ``import gguf`` also imports its vocabulary
-    helpers and through them mistral_common and OpenCV, about 1.8 s on every command and stage of a project whose
+    helpers and through them mistral_common and OpenCV, about 1.7 s on every command and stage of a project whose
     model is a GGUF file."""
     location = Path(importlib.util.find_spec("gguf").submodule_search_locations[0]) / "constants.py"
     spec = importlib.util.spec_from_file_location("alignflow_gguf_constants", location)

@@ -18,7 +18,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from flows import warm_runner
-from flows.cli import COMMAND_ENVIRONMENT
+from flows.cli import COMMAND_ENVIRONMENT, LIBRARY_ENVIRONMENT
 from flows.fingerprints import SOURCES_STAGE
 from tasks.pipelines import PIPELINES
 
@@ -69,13 +69,10 @@ def produced(project: Path) -> list[str]:
 
 
 TINY = [line for line in (REPO / "examples/tiny.args").read_text().splitlines() if line and line[0] != "#"]
-# What a command (flows.cli's COMMAND_ENVIRONMENT) and a stage run in this process (flows.cli.quiet_libraries) set
-# in their environment, set before ENV is taken and the warm runner starts: a command's stage forks from the runner
-# only when the variables its imports read agree.
-for _key, _value in COMMAND_ENVIRONMENT.items():
+# What a command and a stage set in their environment (flows.cli), set before ENV is taken and the warm runner
+# starts: a command's stage forks from the runner only when the variables its imports read agree.
+for _key, _value in {**COMMAND_ENVIRONMENT, **LIBRARY_ENVIRONMENT}.items():
     os.environ.setdefault(_key, _value)
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 
 
@@ -144,7 +141,7 @@ def _this_process_runner() -> tuple[str, Path] | None:
 def warm(env: dict[str, str] = ENV) -> dict[str, str]:
     """``env`` naming this test process's warm runner: an ``alignflow stage`` or ``alignflow repro`` run with it
     (and the stages conftest's ``dvc`` runs) fork their stages from the runner instead of importing torch,
-    transformers and the stages anew (about 8 CPU-seconds a stage here; `alignflow repro` would start a runner of
+    transformers and the stages anew (most of a cold stage's 10-15 s here; `alignflow repro` would start a runner of
     its own and run its first stages cold while that one imports). ``env`` as it is when no runner could start."""
     runner = _this_process_runner()
     return env if runner is None else {**env, warm_runner.ENV_VAR: runner[0]}
