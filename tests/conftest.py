@@ -2,14 +2,18 @@ import atexit
 import contextlib
 import functools
 import hashlib
+import json
 import os
 import random
 import re
+import secrets
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -115,36 +119,113 @@ def md5_tree(directory: Path) -> dict[str, str]:
     }
 
 
+def stop_ray_nodes(port: int) -> None:
+    """Stop the Ray nodes of the cluster at ``port`` only (``ray stop`` would stop every Ray on the machine)."""
+    ours = [
+        process
+        for process in psutil.process_iter(["cmdline"])
+        if any(str(port) in part for part in process.info["cmdline"] or [])
+        and "ray" in " ".join(process.info["cmdline"])
+    ]
+    for process in ours:
+        process.terminate()
+    _, alive = psutil.wait_procs(ours, timeout=10)
+    for process in alive:
+        process.kill()
+
+
+def _ray_head(stack: contextlib.ExitStack) -> tuple[dict[str, str], Callable[[], None]]:
+    """A Ray head on loopback (``ray start --block``, configured as a stage's own local Ray) for as long as this
+    test process lives; the variables that have a stage join it by address, as the stages of `alignflow run`
+    join their flow's Ray, instead of starting and stopping a Ray of their own (about 4.5 s and 4 CPU-seconds of
+    daemons each here, docs/testing.md); and a function that returns once the head takes drivers."""
+    from flows.local_server import free_port
+    from tasks.common.cluster import LOCAL_RAY
+
+    port, home = free_port(), Path(tempfile.mkdtemp(prefix="alignflow-test-ray-"))
+    log, token = home / "head.log", home / "auth_token"
+    token.write_text(secrets.token_hex(32))  # the cluster's own (Ray's default, ~/.ray/auth_token, may not exist)
+    joined = {"RAY_ADDRESS": f"127.0.0.1:{port}", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    head = [
+        str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+        f"--port={port}", f"--num-cpus={os.cpu_count()}", "--include-dashboard=false", "--disable-usage-stats",
+        f"--system-config={json.dumps(LOCAL_RAY)}",
+    ]  # fmt: skip
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            head,
+            env={key: value for key, value in ENV.items() if key != "RAY_ADDRESS"} | joined,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+        )
+
+    def stop() -> None:
+        process.terminate()  # `ray start --block` stops the node's daemons and workers as it exits
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=30)
+        stop_ray_nodes(port)
+        shutil.rmtree(home, ignore_errors=True)
+
+    def started(timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while b"Ray runtime started" not in log.read_bytes():
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the tests' Ray head did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.1)
+
+    stack.callback(stop)
+    return joined, started
+
+
+def _die_with_parent() -> None:
+    """In the child, before it runs: SIGTERM when the test process dies, however it dies (prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+
+
 _warm_runner = contextlib.ExitStack()
 
 
 @functools.cache
-def _this_process_runner() -> tuple[str, Path] | None:
-    """This test process's warm stage runner (flows/warm_runner.py), started on first use: its socket and its log
-    (a line for each stage it forks, ``<pid> alignflow stage ...``). Kept out of os.environ, so that what else a
-    test starts runs as it would without it. Started with ENV, as the stages are: a variable a test left in
-    os.environ (Ray's, Prefect's) would make every stage differ and run cold."""
+def _this_process_runner() -> tuple[dict[str, str], Path] | None:
+    """This test process's warm stage runner (flows/warm_runner.py) and Ray head, started on first use: the
+    variables that name them to a command, and the runner's log (a line for each stage it forks, ``<pid> alignflow
+    stage ...``). Kept out of os.environ, so that what else a test starts runs as it would without them. Started
+    with ENV, as the stages are: a variable a test left in os.environ (Ray's, Prefect's) would make every stage
+    differ and run cold."""
     # at exit, not in a session fixture: test files import this module as tests.conftest, a module apart from the
     # conftest pytest loads, and the runner they start is this one's
+    if ENV.get(warm_runner.ENV_VAR):  # one named already, or off
+        return None
     atexit.register(_warm_runner.close)
+    joined, ray_started = _ray_head(_warm_runner)
     current = dict(os.environ)
     os.environ.clear()
-    os.environ.update(ENV)  # the runner starts with the stages' environment, whatever earlier tests set since
+    os.environ.update({**ENV, **joined})  # the runner starts with the stages' environment, whatever tests set since
     try:
         log = _warm_runner.enter_context(warm_runner.started())
-        return None if log is None else (os.environ.pop(warm_runner.ENV_VAR), Path(log))
+        named = {**joined, warm_runner.ENV_VAR: os.environ[warm_runner.ENV_VAR]}
     finally:
         os.environ.clear()
         os.environ.update(current)
+    ray_started()  # while the runner imports
+    return named, Path(log)
 
 
 def warm(env: dict[str, str] = ENV) -> dict[str, str]:
-    """``env`` naming this test process's warm runner: an ``alignflow stage`` or ``alignflow repro`` run with it
-    (and the stages conftest's ``dvc`` runs) fork their stages from the runner instead of importing torch,
+    """``env`` naming this test process's warm runner and Ray: an ``alignflow stage`` or ``alignflow repro`` run
+    with it (and the stages conftest's ``dvc`` runs) fork their stages from the runner instead of importing torch,
     transformers and the stages anew (most of a cold stage's 10-15 s here; `alignflow repro` would start a runner of
-    its own and run its first stages cold while that one imports). ``env`` as it is when no runner could start."""
+    its own and run its first stages cold while that one imports), and join the process's Ray. ``env`` as it is
+    when no runner could start; a Ray that ``env`` names is kept (its stages then run cold)."""
     runner = _this_process_runner()
-    return env if runner is None else {**env, warm_runner.ENV_VAR: runner[0]}
+    if runner is None:
+        return env
+    named, _ = runner
+    return {**env, **({warm_runner.ENV_VAR: named[warm_runner.ENV_VAR]} if "RAY_ADDRESS" in env else named)}
 
 
 def dvc(path: Path, *args: str) -> str:

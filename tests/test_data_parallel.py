@@ -13,7 +13,6 @@ from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import replace
 from pathlib import Path
 
-import psutil
 import pytest
 import ray
 import ray.cloudpickle
@@ -31,7 +30,7 @@ from tasks.data.datasets import PreferencePair, read_examples, write_jsonl
 from tasks.params.load import load_params
 from tasks.rl.placement import check_engines_fit
 from tasks.stages.reward_model import train_member
-from tests.conftest import ENV, kill_at_first_checkpoint, make_project, warm
+from tests.conftest import ENV, kill_at_first_checkpoint, make_project, stop_ray_nodes, warm
 
 pytestmark = pytest.mark.slow
 
@@ -273,21 +272,6 @@ def test_rollout_engines_the_cluster_cannot_hold_are_refused_naming_the_key(proj
         check_engines_fit(cpus + 1, StageResources(num_cpus=1), "grpo")
 
 
-def _stop_ray_nodes(port: int) -> None:
-    """Stop the Ray nodes of the cluster at ``port`` only (``ray stop`` would stop every Ray on the machine)."""
-    ours = [
-        process
-        for process in psutil.process_iter(["cmdline"])
-        if any(str(port) in part for part in process.info["cmdline"] or [])
-        and "ray" in " ".join(process.info["cmdline"])
-    ]
-    for process in ours:
-        process.terminate()
-    _, alive = psutil.wait_procs(ours, timeout=10)
-    for process in alive:
-        process.kill()
-
-
 def test_two_ray_nodes_on_loopback_each_run_one_worker(project):
     ray.shutdown()  # the test process's own Ray, from the tests before
     port = free_port()
@@ -319,4 +303,4 @@ def test_two_ray_nodes_on_loopback_each_run_one_worker(project):
         nodes = re.findall(r"Ray node (\w+)", placed)
         assert len(nodes) == 2 and nodes[0] != nodes[1], placed  # one worker on each node
     finally:
-        _stop_ray_nodes(port)
+        stop_ray_nodes(port)
