@@ -30,7 +30,8 @@ from tasks.data.datasets import PreferencePair, read_examples, write_jsonl
 from tasks.params.load import load_params
 from tasks.rl.placement import check_engines_fit
 from tasks.stages.reward_model import train_member
-from tests.conftest import ENV, kill_at_first_checkpoint, make_project, stop_ray_nodes, warm
+from tests.conftest import ENV, kill_at_first_checkpoint, make_project, warm
+from tests.stage_env import stop_ray_nodes
 
 pytestmark = pytest.mark.slow
 

@@ -64,7 +64,7 @@ def test_a_refused_stage_says_why_and_exits_as_a_cold_one_does(runner, tmp_path)
 
 def test_a_stage_whose_thread_settings_differ_from_the_runners_runs_cold(runner, tmp_path):
     project = make_project(tmp_path / "cold")
-    other_threads = str(int(os.environ.get("OMP_NUM_THREADS", "1")) + 1)  # conftest sets it per xdist worker
+    other_threads = str(int(os.environ.get("OMP_NUM_THREADS", "1")) + 1)  # tests/stage_env.py sets it per xdist worker
     result = stage(project, "data", OMP_NUM_THREADS=other_threads)
     assert result.returncode == 0, result.stderr
     assert served(runner)[-1] == "cold alignflow stage data"

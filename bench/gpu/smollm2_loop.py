@@ -246,10 +246,12 @@ def dpo(
     beta: float,
     sft_weight: float,
     loss: str = "dpo",
+    label_smoothing: float = 0.0,
     seed: int = 0,
     batch_size: int = 16,
 ) -> tuple[nn.Module, dict]:
-    """LoRA DPO from ``start``, the reference being ``start`` itself (the adapters off)."""
+    """LoRA DPO from ``start``, the reference being ``start`` itself (the adapters off); ``label_smoothing``: the
+    share of labels taken as flipped (cdpo)."""
     model = with_lora(start)
     order = random.Random(seed).sample(range(len(pairs)), len(pairs))
     margins = []
@@ -270,7 +272,9 @@ def dpo(
             refs[:batch_size],
             refs[batch_size:],
         )
-        losses, chosen, rejected = preference_loss(loss, scored, beta, sft_weight=sft_weight)
+        losses, chosen, rejected = preference_loss(
+            loss, scored, beta, sft_weight=sft_weight, label_smoothing=label_smoothing
+        )
         margins.append((chosen - rejected).mean().item())
         return losses.mean()
 

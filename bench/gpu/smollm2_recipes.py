@@ -99,6 +99,8 @@ def run_dpo(lab: Lab, cold: nn.Module, cold_eval: dict, wanted: list[str] | None
         ("dpo_400_noise0", (n_large, 0.0), overlay),
         ("dpo_400_correctness_pairs", (n_large, LABEL_NOISE, True), overlay),
         ("ipo_400", (n_large, LABEL_NOISE), {**overlay, "loss": "ipo"}),
+        # conservative DPO: the labels agree with the judge about 75% of the time at the default noise
+        ("cdpo_400_smoothing0.25", (n_large, LABEL_NOISE), {**overlay, "loss": "cdpo", "label_smoothing": 0.25}),
     ]
     if wanted is not None:
         unknown = set(wanted) - {name for name, _, _ in grid}

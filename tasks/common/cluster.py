@@ -21,6 +21,18 @@ LOCAL_RAY = {
 }
 
 
+STAGE_DIRECTORY = "ALIGNFLOW_STAGE_DIRECTORY"
+
+
+def enter_stage_directory() -> None:
+    """Ray runs this in each worker of a stage that joined a cluster by address, before the worker's first task:
+    the stage's directory, where its relative paths point, when this machine has it (a worker on another node
+    keeps its own, as the data-parallel workers' ``join`` does)."""
+    directory = os.environ.get(STAGE_DIRECTORY)
+    if directory and os.path.isdir(directory):
+        os.chdir(directory)
+
+
 def connect_ray(runner: RunnerConfig, log_to_driver: bool = False) -> str:
     """Join the cluster at ``runner.ray_address`` or RAY_ADDRESS, else start a local Ray once per process;
     return the cluster's address. ``log_to_driver``: print what this process's Ray workers print (a stage's
@@ -30,7 +42,18 @@ def connect_ray(runner: RunnerConfig, log_to_driver: bool = False) -> str:
     if not ray.is_initialized():
         address = runner.ray_address or os.environ.get("RAY_ADDRESS")
         if address:
-            ray.init(address=address, log_to_driver=log_to_driver, configure_logging=False)
+            # A cluster started elsewhere starts its workers in its own directory: the stage's paths are relative
+            # to the stage's (a local Ray's workers start in it)
+            in_the_stages_directory = {
+                "env_vars": {STAGE_DIRECTORY: os.getcwd()},
+                "worker_process_setup_hook": f"{__name__}.{enter_stage_directory.__name__}",
+            }
+            ray.init(
+                address=address,
+                log_to_driver=log_to_driver,
+                configure_logging=False,
+                runtime_env=in_the_stages_directory,
+            )
         else:  # "local": our own Ray, even when a `ray start` cluster runs here (ray.init() would join that)
             ray.init(
                 address="local",
