@@ -2,9 +2,11 @@
 a student a third its size -> SFT -> on-policy distillation -> eval, with the teacher untouched throughout."""
 
 import hashlib
+import json
 import subprocess
 
 import pytest
+import torch
 import yaml
 
 from tasks.data.datasets import read_examples
@@ -81,6 +83,41 @@ def test_gkd_with_teacher_batches_runs_as_a_stage_and_leaves_the_teacher_alone(d
     assert _digest(path / "artifacts/grpo/model.safetensors") == before
     offline = (path / "metrics/distill/plots/metrics/train/offline_batch.tsv").read_text().splitlines()
     assert [line.split("\t")[0] for line in offline[1:]] == ["1", "3"]  # iterations 0 and 2 of 4, logged at steps 1, 3
+
+
+def test_the_verifier_guard_keeps_the_start_when_a_weaker_teacher_pulls_the_student_down(distill):
+    """Distilled toward the untrained base model, which answers nothing, a student (grpo here, the strongest model
+    of the project) loses what the verifier credits. With guard.signal=verifier (the student is not trained on the
+    verifier) the artifact is the iteration the verifier rates best, a later one only when its probe is better by a
+    standard error of the paired difference (guard.min_z=1): the start here, the student's weights bit for bit."""
+    from safetensors.torch import load_file
+
+    path = distill["path"]
+    params = (path / "params.yaml").read_bytes()
+    weaker = (
+        "distill.init=grpo",
+        "distill.teacher=base",
+        "distill.temperature=0.1",
+        "distill.actor_lr=5e-3",
+        "distill.steps=6",
+    )
+    guarded = (
+        "distill.guard.signal=verifier",
+        "distill.guard.every=2",
+        "distill.guard.prompts=48",
+        "distill.guard.min_z=1",
+    )
+    result = subprocess.run(
+        ["alignflow", "stage", "distill", *weaker, *guarded], cwd=path, env=warm(), capture_output=True, text=True
+    )
+    (path / "params.yaml").write_bytes(params)
+    assert result.returncode == 0, result.stderr
+    guard = json.loads((path / "artifacts/distill/guard.json").read_text())
+    probes = {probe["step"]: probe["guard/score"] for probe in guard["probes"]}
+    assert guard["signal"] == "verifier" and list(probes) == [0, 2, 4, 6]
+    assert probes[0] > probes[6] + 0.1 and guard["kept_iteration"] == 0, guard
+    kept, start = (load_file(path / f"artifacts/{model}/model.safetensors") for model in ("distill", "grpo"))
+    assert kept.keys() == start.keys() and all(torch.equal(kept[name], start[name]) for name in kept)
 
 
 def test_distill_killed_mid_run_resumes_to_identical_weights(distill):

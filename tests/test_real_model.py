@@ -7,12 +7,14 @@ import importlib.util
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tasks.params.load import load_params
 from tasks.pipelines import PIPELINES
 from tests.conftest import REPO, make_project, warm
 
@@ -54,7 +56,7 @@ FEW_STEPS = (
         max_new_tokens=8,
     ),
     # the guard's probes before and after the one iteration: 64 prompts each by default
-    *_each(("ppo", "grpo_final"), **{"guard.prompts": 2}),
+    *_each(("ppo", "grpo_final", "distill"), **{"guard.prompts": 2}),
     "online_dpo.heldout_prompts=2",
     "online_dpo.heldout_every=1",
     "eval.max_new_tokens=8",
@@ -73,20 +75,24 @@ FEW_STEPS = (
 
 
 def test_every_pipeline_runs_smollm2_through_the_overlay(tmp_path):
-    """`alignflow repro <pipeline> @examples/smollm2.args`, as a user runs it from the defaults, for every
-    pipeline: each stage trains SmolLM2 (LoRA, in the precision the overlay resolves to here) and writes a model that
-    transformers loads."""
+    """`alignflow repro sft @examples/smollm2.args`, as a user runs it from the defaults, then `dvc repro` of every
+    other pipeline's targets: each stage trains SmolLM2 (LoRA, in the precision the overlay resolves to here) and
+    writes a model that transformers loads."""
     project = make_project(tmp_path)
     shutil.copy(REPO / "params.yaml", project / "params.yaml")  # the defaults, not the tests' tiny params
     # the wiring of the stages, not the remote (tests/test_remote.py): 30 models of 538 MB each stay here
     own_remote = f"remote.url={project / '.alignflow/remote'}"
     no_push = "remote.push=false"
-    for pipeline in PIPELINES:
-        overrides = ["@examples/smollm2.args", *FEW_STEPS, own_remote, no_push] if pipeline == "sft" else []
-        result = subprocess.run(
-            ["alignflow", "repro", pipeline, *overrides], cwd=project, env=warm(), capture_output=True, text=True
-        )
-        assert result.returncode == 0, f"{pipeline}:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    # The first pipeline as a user starts it, the overlay's values written to params.yaml; then one plain `dvc repro`
+    # of every other pipeline's targets, from those params.
+    first = ["alignflow", "repro", "sft", "@examples/smollm2.args", *FEW_STEPS, own_remote, no_push]
+    result = subprocess.run(first, cwd=project, env=warm(), capture_output=True, text=True)
+    assert result.returncode == 0, f"sft:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    params = load_params(project / "params.yaml")
+    targets = [stage for pipeline in PIPELINES.values() for stage in pipeline.stages(params)]
+    reproduce = [sys.executable, "-m", "dvc", "repro", *targets]
+    result = subprocess.run(reproduce, cwd=project, env=warm(), capture_output=True, text=True)
+    assert result.returncode == 0, f"dvc repro {targets}:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]
     tokenizer = AutoTokenizer.from_pretrained(project / "artifacts/base")
     assert tokenizer.eos_token == tokenizer.pad_token == "<|im_end|>" and tokenizer.chat_template

@@ -205,6 +205,11 @@ MALFORMED_CONFIGS = [
     (["ppo.guard.signal=judge", "reward_model.judge=false"], "ppo.guard.signal: judge reads the reward model's judge"),
     (["grpo.guard.signal=judge"], "grpo.guard.signal: judge judges the reward model's exploitation"),
     (["ppo.guard.every=0"], "ppo.guard.every: must be >= 1, got 0"),
+    (["grpo.guard.signal=verifier"], "grpo.guard.signal: verifier is a held-out signal only for a stage not trained"),
+    (
+        ["distill.reward_coef=0.5", "distill.guard.signal=verifier"],
+        "distill.guard.signal: verifier is a held-out signal only for a stage not trained on it",
+    ),
     (["=1"], "override '=1': no key before '='"),
     (["sft.init=${nosuch.key}"], "override 'sft.init=${nosuch.key}': sft.init: Interpolation key 'nosuch.key'"),
 ]

@@ -155,7 +155,14 @@ def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
         )
     if cfg.guard.signal == "judge" and not params.reward_model.judge:
         yield f"{name}.guard.signal: judge reads the reward model's judge; set reward_model.judge=true"
-    if cfg.guard.signal in ("judge", "ensemble") and cfg.parallel.strategy == "fsdp" and cfg.parallel.num_workers > 1:
+    trains_on_rewards = cfg.reward_coef > 0 if isinstance(cfg, DistillConfig) else True
+    verifier_rewards = [reward for reward in ("accuracy", "correct", "environment") if cfg.rewards.get(reward)]
+    if cfg.guard.signal == "verifier" and trains_on_rewards and verifier_rewards:
+        yield (
+            f"{name}.guard.signal: verifier is a held-out signal only for a stage not trained on it, and {name} is "
+            f"rewarded by it ({name}.rewards.{verifier_rewards[0]}); judge, ensemble, auto or none"
+        )
+    if cfg.guard.signal not in ("auto", "none") and cfg.parallel.strategy == "fsdp" and cfg.parallel.num_workers > 1:
         yield (
             f"{name}.guard.signal: the guard keeps a whole copy of the policy's weights, which fsdp workers shard; "
             f"none, or {name}.parallel.strategy=ddp"

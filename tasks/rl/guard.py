@@ -9,14 +9,17 @@ streams are left as they were) and the reward role judges the samples:
 - ``judge``: the reward model's judge, trained on the held-out preference pairs, which the training reward never saw
   (``reward_model.judge``); a real gain raises both, an exploited quirk of the training reward raises only it;
 - ``ensemble``: the members' conservative score, mean − λ·std (Coste et al., 2024): responses the members disagree
-  on are worth less.
+  on are worth less;
+- ``verifier``: the share of the samples the task's verifier marks correct, for a stage that is not trained on it
+  (on-policy distillation, whose signal is the teacher: a teacher weaker than the student pulls it down).
 
 The probe the signal rates best is kept: a later probe replaces the kept one when its score is higher by more than
 ``guard.min_gain`` and, with ``guard.min_z`` > 0, by more than ``min_z`` paired standard errors of their per-prompt
 scores (the probe's prompts are the same each time, so the difference is paired): a later iteration must show
 it is better, not merely score higher by noise. Its weights are snapshotted, and the stage saves them instead of the
 last iteration's. Every probe logs ``guard/score``,
-``guard/disagreement`` (the members' spread) and, for the curves only, ``guard/gold_reward`` (never read here);
+``guard/disagreement`` (the members' spread, when there is a reward model) and, for the curves only,
+``guard/gold_reward`` (never read here);
 ``guard.json`` beside the model names the iteration kept and why.
 """
 
@@ -30,12 +33,12 @@ import torch
 
 from tasks.common.config import RLConfig
 from tasks.data.judge import gold_utility
-from tasks.data.problems import Example
+from tasks.data.problems import Example, score_response
 from tasks.rl.role_handles import Roles
 from tasks.rollout.engine import Sampling
 
 GUARD_FILE = "guard.json"
-SIGNALS = ("judge", "ensemble")
+SIGNALS = ("judge", "ensemble", "verifier")
 
 
 def guard_signal(cfg: RLConfig, rewarded_by_model: bool, has_judge: bool) -> str | None:
@@ -47,6 +50,8 @@ def guard_signal(cfg: RLConfig, rewarded_by_model: bool, has_judge: bool) -> str
         return "judge" if rewarded_by_model and has_judge and not sharded else None
     if signal == "none":
         return None
+    if signal == "verifier":  # params' rules refuse it for a stage trained on the verifier's reward
+        return signal
     if not rewarded_by_model:
         raise ValueError(f"guard.signal={signal}: the stage is not rewarded by a reward model (rewards.reward_model)")
     if signal == "judge" and not has_judge:
@@ -89,15 +94,16 @@ class Guard:
         prompts = [e.prompt for e in self.probe]
         completions = roles.actor.sample_current(prompts, sampling, seed).result()
         per_response = [prompts[c.prompt_index] for c in completions]
-        judged = roles.reward.judge_scores(per_response, completions).result()
+        judged = roles.reward.judge_scores(per_response, completions).result() if roles.reward else {}
+        if self.signal == "verifier":
+            verdicts = [score_response(self.probe[c.prompt_index], c.text, c.env_reward)[1] for c in completions]
+            judged["verifier"] = torch.tensor(verdicts, dtype=torch.float64)
         gold = [gold_utility(self.probe[c.prompt_index], c.text, c.env_reward) for c in completions]
         score = judged[self.signal].mean().item()
         scores = judged[self.signal].view(len(prompts), -1).mean(1)  # each prompt's group_size samples, in a row
-        metrics = {
-            "guard/score": score,
-            "guard/disagreement": judged["disagreement"].mean().item(),
-            "guard/gold_reward": sum(gold) / len(gold),  # for the curves: the choice never reads it
-        }
+        metrics = {"guard/score": score, "guard/gold_reward": sum(gold) / len(gold)}  # gold: for the curves only
+        if "disagreement" in judged:
+            metrics["guard/disagreement"] = judged["disagreement"].mean().item()
         higher = score > self.kept_score + cfg.guard.min_gain
         if self.kept_step is None or (
             higher and (cfg.guard.min_z == 0 or clearly_better(scores, self.kept_per_prompt, cfg.guard.min_z))
@@ -116,7 +122,7 @@ class Guard:
             last = self.probes[-1]["guard/score"]
             why = (
                 f"iteration {self.kept_step}'s probe scored {self.kept_score:.4f} by {self.signal}, the last "
-                f"iteration's ({last_step}) {last:.4f}: the training reward rose past what the {self.signal} confirms"
+                f"iteration's ({last_step}) {last:.4f}: the training signal rose past what the {self.signal} confirms"
             )
         return {"signal": self.signal, "kept_iteration": self.kept_step, "why": why, "probes": self.probes}
 

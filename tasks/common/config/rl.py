@@ -86,12 +86,13 @@ class GuardConfig:
     fixed probe of prompts are judged by a signal it is not trained on, and the stage's artifact is the iteration
     that signal rates best, not the last one."""
 
-    signal: Annotated[str, OneOf(("auto", "judge", "ensemble", "none"))] = param(
+    signal: Annotated[str, OneOf(("auto", "judge", "ensemble", "verifier", "none"))] = param(
         "auto",
         "judge: the reward model's judge (reward_model.judge: trained on the held-out preference pairs, which the "
         "training reward never saw); ensemble: the members' conservative score, mean - reward_ensemble_std_coef x "
-        "std; none: keep the last iteration; auto: judge when the stage is rewarded by a reward model that has one, "
-        "else none.",
+        "std; verifier: the task's verifier (the share of probe samples it marks correct), for a stage not "
+        "trained on it (distill without reward_coef, ppo on the reward model alone); none: keep the last "
+        "iteration; auto: judge when the stage is rewarded by a reward model that has one, else none.",
     )
     every: int = param(10, "Iterations between probes (one also before the first and one after the last).", ge=1)
     prompts: int = param(
