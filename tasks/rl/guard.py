@@ -101,9 +101,10 @@ class Guard:
         gold = [gold_utility(self.probe[c.prompt_index], c.text, c.env_reward) for c in completions]
         score = judged[self.signal].mean().item()
         scores = judged[self.signal].view(len(prompts), -1).mean(1)  # each prompt's group_size samples, in a row
-        metrics = {"guard/score": score, "guard/gold_reward": sum(gold) / len(gold)}  # gold: for the curves only
+        metrics = {"guard/score": score}
         if "disagreement" in judged:
             metrics["guard/disagreement"] = judged["disagreement"].mean().item()
+        metrics["guard/gold_reward"] = sum(gold) / len(gold)  # for the curves: the choice never reads it
         higher = score > self.kept_score + cfg.guard.min_gain
         if self.kept_step is None or (
             higher and (cfg.guard.min_z == 0 or clearly_better(scores, self.kept_per_prompt, cfg.guard.min_z))
@@ -122,7 +123,7 @@ class Guard:
             last = self.probes[-1]["guard/score"]
             why = (
                 f"iteration {self.kept_step}'s probe scored {self.kept_score:.4f} by {self.signal}, the last "
-                f"iteration's ({last_step}) {last:.4f}: the training signal rose past what the {self.signal} confirms"
+                f"iteration's ({last_step}) {last:.4f}: the training reward rose past what the {self.signal} confirms"
             )
         return {"signal": self.signal, "kept_iteration": self.kept_step, "why": why, "probes": self.probes}
 
