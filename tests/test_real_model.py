@@ -84,7 +84,7 @@ def test_every_pipeline_runs_smollm2_through_the_overlay(tmp_path):
     own_remote = f"remote.url={project / '.alignflow/remote'}"
     no_push = "remote.push=false"
     # The first pipeline as a user starts it, the overlay's values written to params.yaml; then one plain `dvc repro`
-    # of every other pipeline's targets, from those params.
+    # of every pipeline's targets (sft's already up to date), from those params.
     first = ["alignflow", "repro", "sft", "@examples/smollm2.args", *FEW_STEPS, own_remote, no_push]
     result = subprocess.run(first, cwd=project, env=warm(), capture_output=True, text=True)
     assert result.returncode == 0, f"sft:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"

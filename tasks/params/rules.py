@@ -112,10 +112,9 @@ def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
     base_name = _base_section(name, params)
     base = getattr(params, base_name)
     estimator = registry_entries(_ADVANTAGE_ESTIMATORS).get(cfg.advantage)  # an unknown name is reported by its field
-    # distillation runs the estimator only to mix in a reward
-    compares_group = estimator is not None and estimator.compares_group
-    if isinstance(cfg, DistillConfig) and cfg.reward_coef == 0:
-        compares_group = False
+    # distillation scores its samples by the rewards only to mix them in (reward_coef)
+    trains_on_rewards = not (isinstance(cfg, DistillConfig) and cfg.reward_coef == 0)
+    compares_group = trains_on_rewards and estimator is not None and estimator.compares_group
     if cfg.group_size < 2 and (compares_group or cfg.dynamic_sampling):
         why = f"advantage={cfg.advantage}" if compares_group else "dynamic sampling"
         yield f"{name}.group_size: {why} compares the responses of a prompt, needs >= 2, got {cfg.group_size}"
@@ -155,7 +154,6 @@ def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
         )
     if cfg.guard.signal == "judge" and not params.reward_model.judge:
         yield f"{name}.guard.signal: judge reads the reward model's judge; set reward_model.judge=true"
-    trains_on_rewards = cfg.reward_coef > 0 if isinstance(cfg, DistillConfig) else True
     verifier_rewards = [reward for reward in ("accuracy", "correct", "environment") if cfg.rewards.get(reward)]
     if cfg.guard.signal == "verifier" and trains_on_rewards and verifier_rewards:
         yield (

@@ -4,7 +4,7 @@ A policy trained on a learned reward can raise that reward while getting worse (
 is exploited. The guard watches a signal the policy is not trained on. Before the first iteration, every
 ``guard.every`` iterations and after the last, the policy samples a fixed probe of prompts (the first
 ``guard.prompts`` of the training split, ``group_size`` samples each, from a seed of its own: the training's random
-streams are left as they were) and the reward role judges the samples:
+streams are left as they were) and ``guard.signal`` judges the samples:
 
 - ``judge``: the reward model's judge, trained on the held-out preference pairs, which the training reward never saw
   (``reward_model.judge``); a real gain raises both, an exploited quirk of the training reward raises only it;
@@ -38,7 +38,6 @@ from tasks.rl.role_handles import Roles
 from tasks.rollout.engine import Sampling
 
 GUARD_FILE = "guard.json"
-SIGNALS = ("judge", "ensemble", "verifier")
 
 
 def guard_signal(cfg: RLConfig, rewarded_by_model: bool, has_judge: bool) -> str | None:
