@@ -2,6 +2,8 @@
 -> online DPO -> eval, what DVC re-runs when a knob changes, and resumption."""
 
 import json
+import re
+import shutil
 import subprocess
 
 import pytest
@@ -10,7 +12,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from models import load_tokenizer
-from tasks.data.datasets import read_preferences
+from tasks.data.datasets import read_examples, read_preferences
 from tasks.data.judge import preference_metrics
 from tasks.data.prompts import BARE
 from tasks.rl.preference import pack_pairs, pair_logprobs, tokenize_pairs
@@ -82,16 +84,48 @@ def test_changing_beta_reruns_the_optimisation_and_not_the_reference_pass(o2o):
 
 
 def test_the_online_stage_can_run_grpo_from_the_dpo_checkpoint_instead(o2o):
-    result = subprocess.run(
-        ["alignflow", "stage", "online_dpo", "online_dpo.update=policy_gradient"],
-        cwd=o2o["path"],
-        env=warm(),
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stderr
+    stage_output(o2o["path"], "online_dpo", "online_dpo.update=policy_gradient")
     train = json.loads((o2o["path"] / "metrics/online_dpo/metrics.json").read_text())["train"]
     assert "policy_loss" in train and "preference_loss" not in train
+
+
+def stage_output(path, stage: str, *overrides: str) -> str:
+    result = subprocess.run(
+        ["alignflow", "stage", stage, *overrides], cwd=path, env=warm(), capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout + result.stderr
+
+
+def test_dpo_on_the_pairs_the_verifier_separates_trains_as_on_a_file_of_those_pairs_alone(o2o):
+    path = o2o["path"]
+
+    def answering(example, answer: str) -> str:
+        return re.sub(r"<answer>.*</answer>", f"<answer>{answer}</answer>", example.solution)
+
+    separated, mixed = [], []
+    for index, example in enumerate(read_examples(path / "artifacts/data/train.jsonl")[:8]):
+        wrong = answering(example, example.answer + "9")
+        # the label prefers the wrong answer in every other separated pair: the verifier keeps the pair, not a side
+        chosen, rejected = (example.solution, wrong) if index % 2 else (wrong, example.solution)
+        separated.append({"prompt": example.prompt, "chosen": chosen, "rejected": rejected})
+        both_wrong = {"prompt": example.prompt, "chosen": answering(example, example.answer + "99"), "rejected": wrong}
+        mixed += [both_wrong, separated[-1]]
+    (path / "data").mkdir(exist_ok=True)
+    shutil.copy(path / "artifacts/preferences/test.jsonl", path / "data/test_pairs.jsonl")
+    weights, printed = {}, {}
+    for name, rows, choice in (("mixed", mixed, "verifier_separated"), ("separated", separated, "all")):
+        (path / f"data/{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        files = [f"preferences.train_file=data/{name}.jsonl", "preferences.test_file=data/test_pairs.jsonl"]
+        stage_output(path, "preferences", *files)
+        stage_output(path, "dpo_reference")
+        printed[name] = stage_output(path, "dpo", f"dpo.pairs={choice}", "dpo.batch_size=4", "dpo.max_steps=3")
+        weights[name] = load_file(path / "artifacts/dpo/model.safetensors")
+    assert "dpo: 8 of 16 training pairs separated by the verifier" in printed["mixed"]
+    for tensor, value in weights["mixed"].items():
+        torch.testing.assert_close(value, weights["separated"][tensor], rtol=0, atol=1e-6)
+    start = load_file(path / "artifacts/sft_cold/model.safetensors")
+    assert any(not torch.equal(value, start[name]) for name, value in weights["separated"].items())
 
 
 def test_the_stored_reference_is_the_same_bytes_in_every_process(tmp_path):

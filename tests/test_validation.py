@@ -38,6 +38,10 @@ MALFORMED_CONFIGS = [
     (["device=tpu"], "device: must be one of"),
     (["eval.temperature=0"], "eval.temperature: must be > 0"),
     (["base.max_position_embeddings=32"], "base.max_position_embeddings: must be >="),
+    (
+        ["task.name=textarena", "dpo.pairs=verifier_separated"],
+        "dpo.pairs: verifier_separated verifies each response alone, but the task 'textarena' grades whole episodes",
+    ),
     (["agent_data.task=sudoku"], "agent_data.task: the task module 'sudoku' does not import (ModuleNotFoundError"),
     (["agent_sft.max_length=300"], "agent_base.max_position_embeddings: must be >= 300"),
     (

@@ -11,7 +11,7 @@ def task_errors(params: Params) -> Iterator[str]:
     """Each task module (``task.name``, ``agent_data.task``) imports and defines what a task must, and what it
     cannot generate comes from files."""
     from tasks.data.environments import agent_task_errors, is_agent_task
-    from tasks.data.problems import TaskError, task_module
+    from tasks.data.problems import TaskError, grades_episodes, task_module
 
     for key, name, data in (
         ("task.name", params.task.name, "data"),
@@ -33,6 +33,11 @@ def task_errors(params: Params) -> Iterator[str]:
             yield (
                 f"{key}: the task module {name!r} lacks score(), the verifier eval and the RL rewards grade "
                 "responses with (docs/tasks.md)"
+            )
+        if key == "task.name" and params.dpo.pairs == "verifier_separated" and grades_episodes(module):
+            yield (
+                f"dpo.pairs: verifier_separated verifies each response alone, but the task {name!r} grades whole "
+                "episodes, which preference pairs do not keep; train on all pairs"
             )
         if not callable(getattr(module, "generate", None)):
             for file_key in ("train_file", "test_file"):

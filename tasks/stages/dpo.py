@@ -31,8 +31,9 @@ from tasks.common.distributed import Rank, data_parallel_step, run_data_parallel
 from tasks.common.errors import MissingUpstreamError
 from tasks.common.registry import StageRun
 from tasks.common.training import Checkpointer, epoch_batch, fit, make_deterministic, rank_live, save_trained
-from tasks.data.datasets import DatasetError, PreferencePair, read_preferences
+from tasks.data.datasets import DatasetError, PreferencePair, read_examples, read_preferences
 from tasks.data.judge import preference_metrics
+from tasks.data.problems import Example, score_response
 from tasks.data.prompts import PromptFormat
 from tasks.rl.preference import TokenizedPair, pack_pairs, pair_logprobs, reference_logprobs, tokenize_pairs
 from tasks.rl.preference_losses import PREFERENCE_LOSSES, preference_loss
@@ -135,6 +136,23 @@ def _chosen_trend(history: list[tuple[int, dict[str, float]]]) -> float:
     return history[-1][1]["chosen_logp"] - history[0][1]["chosen_logp"]
 
 
+def verifier_separated(pairs: list[PreferencePair], examples: list[Example], source: Path) -> list[int]:
+    """The indices of the pairs whose two responses the task's verifier separates: one correct, the other not.
+    DatasetError naming ``source:line`` for a pair whose prompt is none of ``examples``' (nothing to verify by)."""
+    by_prompt = {example.prompt: example for example in examples}
+    separated = []
+    for index, pair in enumerate(pairs):
+        example = by_prompt.get(pair.prompt)
+        if example is None:
+            raise DatasetError(
+                f"{source}:{index + 1}: the prompt {pair.prompt[:60]!r} is none of the training problems', so "
+                "dpo.pairs=verifier_separated has no answer to verify its responses by"
+            )
+        if score_response(example, pair.chosen)[1] != score_response(example, pair.rejected)[1]:
+            separated.append(index)
+    return separated
+
+
 def run(stage: StageRun) -> None:
     params, cfg, inputs = stage.params, stage.config, stage.inputs
     init, preferences = inputs["init"], inputs["preferences"]
@@ -142,13 +160,18 @@ def run(stage: StageRun) -> None:
     scorers = {}
     for split in SPLITS:
         source, pairs = _pairs(preferences, split)
+        chosen, rejected = stored_reference(split, source, cfg.init, inputs["reference"] / REFERENCE_FILE.name)
+        if split == "train" and cfg.pairs == "verifier_separated":
+            kept = verifier_separated(pairs, read_examples(inputs["data"] / "train.jsonl"), source)
+            print(f"dpo: {len(kept)} of {len(pairs)} training pairs separated by the verifier", flush=True)
+            pairs, chosen, rejected = [pairs[i] for i in kept], chosen[kept], rejected[kept]
         tokenized = tokenize_pairs(pairs, tokenizer, PromptFormat.of(params.task), source, positions)
-        reference = stored_reference(split, source, cfg.init, inputs["reference"] / REFERENCE_FILE.name)
-        scorers[split] = (pairs, PairScorer(cfg, tokenized, reference, tokenizer.pad_token_id))
+        scorers[split] = (pairs, PairScorer(cfg, tokenized, (chosen, rejected), tokenizer.pad_token_id))
     train_pairs, _ = scorers["train"]
     if len(train_pairs) < cfg.batch_size:
         raise DatasetError(
-            f"{preferences / 'train.jsonl'}: {len(train_pairs)} pairs, fewer than dpo.batch_size={cfg.batch_size}"
+            f"{preferences / 'train.jsonl'}: {len(train_pairs)} pairs (dpo.pairs={cfg.pairs}), fewer than "
+            f"dpo.batch_size={cfg.batch_size}"
         )
     checkpointer = Checkpointer(
         "dpo", {"stage": "dpo", "seed": params.seed, **to_dict(cfg)}, [init, preferences, inputs["reference"]]

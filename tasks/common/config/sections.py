@@ -365,6 +365,13 @@ class DPOConfig(OptimizationConfig, PreferenceLossConfig):
         "The policy to start from, and the reference. sft_cold (2 000 demonstrations) leaves room to gain; "
         "from sft (20 000) there is almost nothing left at this model size.",
     )
+    pairs: Annotated[str, OneOf(("all", "verifier_separated"))] = param(
+        "all",
+        "Which training pairs to learn from: all, or verifier_separated, those whose two responses the task's "
+        "verifier separates (one correct, the other not). Each label keeps its side: the verifier chooses the "
+        "pairs, not the preferred response. On SmolLM2 DPO lost on every pair and gained on these "
+        "(docs/real-models.md).",
+    )
     parallel: ParallelConfig = section(ParallelConfig, _PARALLEL_HELP)
 
 
