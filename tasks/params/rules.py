@@ -97,6 +97,7 @@ def _model_key_errors(params: Params) -> Iterator[str]:
 # The registries the rules read, by the catalog's "module:NAME" (no torch: tasks/common/registry_catalog.py).
 _ADVANTAGE_ESTIMATORS = "tasks.rl.core_algos:ADVANTAGE_ESTIMATORS"
 _BUILT_IN_REWARDS = "tasks.rl.rewards:BUILT_IN"
+_BUILT_IN_REWARDS = "tasks.rl.rewards:BUILT_IN"
 _REWARD_KINDS = "tasks.rl.reward_kinds:REWARD_KINDS"
 _DISTILL_LOSSES = "tasks.rl.distill_losses:DISTILL_LOSSES"
 
@@ -154,7 +155,12 @@ def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
         )
     if cfg.guard.signal == "judge" and not params.reward_model.judge:
         yield f"{name}.guard.signal: judge reads the reward model's judge; set reward_model.judge=true"
-    verifier_rewards = [reward for reward in ("accuracy", "correct", "environment") if cfg.rewards.get(reward)]
+    built_in = registry_entries(_BUILT_IN_REWARDS)
+    verifier_rewards = [
+        reward
+        for reward, weight in cfg.rewards.items()
+        if weight and reward in built_in and built_in[reward].grades_correctness
+    ]
     if cfg.guard.signal == "verifier" and trains_on_rewards and verifier_rewards:
         yield (
             f"{name}.guard.signal: verifier is a held-out signal only for a stage not trained on it, and {name} is "

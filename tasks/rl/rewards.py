@@ -78,8 +78,9 @@ class RewardInputs:
 
 RewardFunction = Callable[[RewardInputs], Sequence[float]]
 # runs_task_code: whether it calls the task's verifier (code of the task's author): such a function runs in the
-# reward process, under the time budget, as a function of yours does
-BUILT_IN: Registry[RewardFunction] = Registry("built-in reward", runs_task_code=True)
+# reward process, under the time budget, as a function of yours does. grades_correctness: whether it pays what the
+# verifier (or the environment) calls right, so the verifier is no held-out judge of a stage trained on it.
+BUILT_IN: Registry[RewardFunction] = Registry("built-in reward", runs_task_code=True, grades_correctness=False)
 
 
 def _env(batch: RewardInputs) -> list[float | None]:
@@ -87,12 +88,12 @@ def _env(batch: RewardInputs) -> list[float | None]:
     return [None] * len(batch) if batch.env_rewards is None else batch.env_rewards
 
 
-@BUILT_IN.register("accuracy")
+@BUILT_IN.register("accuracy", grades_correctness=True)
 def accuracy(batch: RewardInputs) -> list[float]:
     return [score_credit(e, r, env)[1] for e, r, env in zip(batch.examples, batch.responses, _env(batch), strict=True)]
 
 
-@BUILT_IN.register("correct")
+@BUILT_IN.register("correct", grades_correctness=True)
 def correct(batch: RewardInputs) -> list[float]:
     """1 for a response the verifier calls correct (full credit), else 0: accuracy without a task's part credit,
     which can pay an answer for holding the right one (reasoning-gym's ``36`` for ``6`` earns 0.5)."""
@@ -118,7 +119,7 @@ def overlong(batch: RewardInputs) -> list[float]:
     ).tolist()
 
 
-@BUILT_IN.register("environment", runs_task_code=False)
+@BUILT_IN.register("environment", runs_task_code=False, grades_correctness=True)
 def environment(batch: RewardInputs) -> list[float]:
     return [0.0] * len(batch) if batch.env_rewards is None else list(batch.env_rewards)
 
