@@ -124,7 +124,8 @@ def run_warm(argv: list[str]) -> int | None:
         return 1
     (code,) = STATUS.unpack(status)
     if code < 0:  # the stage died of a signal: so does this command, as DVC would have seen of a cold stage
-        signal.signal(-code, signal.SIG_DFL)
+        if -code != signal.SIGKILL:  # SIGKILL's action (the OOM killer's) is the default and cannot be set
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code
 

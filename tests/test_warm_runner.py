@@ -92,6 +92,26 @@ def test_a_command_killed_or_terminated_takes_its_stage_with_it(runner, tmp_path
     assert not (project / "artifacts/sft").exists()
 
 
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_a_stage_killed_as_the_oom_killer_does_takes_its_command_with_it(runner, tmp_path, how):
+    project = make_project(tmp_path / "stage-killed", ("sft.max_steps=100000",))
+    for name in ("data", "base"):
+        assert stage(project, name).returncode == 0
+    environment = {**os.environ, "PATH": ENV["PATH"]}
+    command = subprocess.Popen(
+        ["alignflow", "stage", "sft"], cwd=project, env=environment, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 60
+    while not served(runner)[-1].endswith("alignflow stage sft") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(2)  # into its steps
+    os.kill(int(served(runner)[-1].split()[0]), how)
+    _, stderr = command.communicate(timeout=60)
+    assert command.returncode == -how  # as a cold stage killed so: DVC reports the signal, not a traceback
+    assert "Traceback" not in stderr, stderr
+    assert not (project / "artifacts/sft").exists()
+
+
 def test_alignflow_repro_runs_its_stages_warm_to_the_cold_runs_lock(uninterrupted, tmp_path):
     project = make_project(tmp_path / "repro")
     result = subprocess.run(["alignflow", "repro", "sft"], cwd=project, env=ENV, capture_output=True, text=True)
