@@ -4,6 +4,8 @@
 ``artifacts/preferences`` once, from ``dpo.init`` alone, into a versioned artifact; ``dpo`` then optimises
 the loss ``dpo.preference_loss`` (``tasks/rl/preference_losses.py``) from that same model, reading the reference's
 numbers instead of running the reference, so a change of beta or of the loss re-runs only the optimisation.
+``dpo.pairs=verifier_separated`` trains on the pairs whose responses the task's verifier separates, one right and
+one wrong, each label on its side.
 The loop is ``tasks/common/training.py:fit`` (resumable, guarded against non-finite steps), on
 ``dpo.parallel.num_workers`` data-parallel workers.
 
@@ -160,12 +162,13 @@ def run(stage: StageRun) -> None:
     scorers = {}
     for split in SPLITS:
         source, pairs = _pairs(preferences, split)
+        tokenized = tokenize_pairs(pairs, tokenizer, PromptFormat.of(params.task), source, positions)
         chosen, rejected = stored_reference(split, source, cfg.init, inputs["reference"] / REFERENCE_FILE.name)
         if split == "train" and cfg.pairs == "verifier_separated":
             kept = verifier_separated(pairs, read_examples(inputs["data"] / "train.jsonl"), source)
             print(f"dpo: {len(kept)} of {len(pairs)} training pairs separated by the verifier", flush=True)
-            pairs, chosen, rejected = [pairs[i] for i in kept], chosen[kept], rejected[kept]
-        tokenized = tokenize_pairs(pairs, tokenizer, PromptFormat.of(params.task), source, positions)
+            pairs, tokenized = [pairs[i] for i in kept], [tokenized[i] for i in kept]
+            chosen, rejected = chosen[kept], rejected[kept]
         scorers[split] = (pairs, PairScorer(cfg, tokenized, (chosen, rejected), tokenizer.pad_token_id))
     train_pairs, _ = scorers["train"]
     if len(train_pairs) < cfg.batch_size:
