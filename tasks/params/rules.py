@@ -97,7 +97,6 @@ def _model_key_errors(params: Params) -> Iterator[str]:
 # The registries the rules read, by the catalog's "module:NAME" (no torch: tasks/common/registry_catalog.py).
 _ADVANTAGE_ESTIMATORS = "tasks.rl.core_algos:ADVANTAGE_ESTIMATORS"
 _BUILT_IN_REWARDS = "tasks.rl.rewards:BUILT_IN"
-_BUILT_IN_REWARDS = "tasks.rl.rewards:BUILT_IN"
 _REWARD_KINDS = "tasks.rl.reward_kinds:REWARD_KINDS"
 _DISTILL_LOSSES = "tasks.rl.distill_losses:DISTILL_LOSSES"
 
