@@ -130,7 +130,8 @@ def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
     reads_reward_model = any(
         "reward_model" in kind.reads.values() for kind in stage_kinds().values() if kind.section == name
     )
-    rule_based = tuple(registry_entries(_BUILT_IN_REWARDS))
+    rule_based_rewards = registry_entries(_BUILT_IN_REWARDS)
+    rule_based = tuple(rule_based_rewards)
     built_in = (*rule_based, REWARD_MODEL)
     if not reads_reward_model and cfg.rewards.get(REWARD_MODEL):
         yield (
@@ -154,11 +155,10 @@ def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
         )
     if cfg.guard.signal == "judge" and not params.reward_model.judge:
         yield f"{name}.guard.signal: judge reads the reward model's judge; set reward_model.judge=true"
-    built_in = registry_entries(_BUILT_IN_REWARDS)
     verifier_rewards = [
         reward
         for reward, weight in cfg.rewards.items()
-        if weight and reward in built_in and built_in[reward].grades_correctness
+        if weight and reward in rule_based_rewards and rule_based_rewards[reward].grades_correctness
     ]
     if cfg.guard.signal == "verifier" and trains_on_rewards and verifier_rewards:
         yield (
