@@ -71,45 +71,42 @@ def test_a_stage_whose_thread_settings_differ_from_the_runners_runs_cold(runner,
     assert (project / "artifacts/data/train.jsonl").is_file()
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
-def test_a_command_killed_or_terminated_takes_its_stage_with_it(runner, tmp_path, how):
-    project = make_project(tmp_path / "killed", ("sft.max_steps=100000",))
+def _sft_into_its_steps(runner, path: Path, **popen) -> tuple[subprocess.Popen, int]:
+    """`alignflow stage sft` started (without end) in a new project, once the runner serves it and it is into its
+    steps: the command, and the stage's process id."""
+    project = make_project(path, ("sft.max_steps=100000",))
     for name in ("data", "base"):
         assert stage(project, name).returncode == 0
     environment = {**os.environ, "PATH": ENV["PATH"]}
-    command = subprocess.Popen(["alignflow", "stage", "sft"], cwd=project, env=environment)
+    command = subprocess.Popen(["alignflow", "stage", "sft"], cwd=project, env=environment, **popen)
     deadline = time.monotonic() + 60
     while not served(runner)[-1].endswith("alignflow stage sft") and time.monotonic() < deadline:
         time.sleep(0.1)
     pid = int(served(runner)[-1].split()[0])
     time.sleep(2)  # into its steps
+    return command, pid
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_a_command_killed_or_terminated_takes_its_stage_with_it(runner, tmp_path, how):
+    command, pid = _sft_into_its_steps(runner, tmp_path / "killed")
     command.send_signal(how)
     assert command.wait(timeout=60) == -how  # the command dies of what killed it: DVC sees what a cold stage shows
     deadline = time.monotonic() + 30
     while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not Path(f"/proc/{pid}").exists(), f"the stage {pid} outlived its command"
-    assert not (project / "artifacts/sft").exists()
+    assert not (tmp_path / "killed/artifacts/sft").exists()
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
 def test_a_stage_killed_as_the_oom_killer_does_takes_its_command_with_it(runner, tmp_path, how):
-    project = make_project(tmp_path / "stage-killed", ("sft.max_steps=100000",))
-    for name in ("data", "base"):
-        assert stage(project, name).returncode == 0
-    environment = {**os.environ, "PATH": ENV["PATH"]}
-    command = subprocess.Popen(
-        ["alignflow", "stage", "sft"], cwd=project, env=environment, stderr=subprocess.PIPE, text=True
-    )
-    deadline = time.monotonic() + 60
-    while not served(runner)[-1].endswith("alignflow stage sft") and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(2)  # into its steps
-    os.kill(int(served(runner)[-1].split()[0]), how)
+    command, pid = _sft_into_its_steps(runner, tmp_path / "stage-killed", stderr=subprocess.PIPE, text=True)
+    os.kill(pid, how)
     _, stderr = command.communicate(timeout=60)
     assert command.returncode == -how  # as a cold stage killed so: DVC reports the signal, not a traceback
     assert "Traceback" not in stderr, stderr
-    assert not (project / "artifacts/sft").exists()
+    assert not (tmp_path / "stage-killed/artifacts/sft").exists()
 
 
 def test_alignflow_repro_runs_its_stages_warm_to_the_cold_runs_lock(uninterrupted, tmp_path):
