@@ -143,7 +143,7 @@ def test_the_final_eos_is_trained_and_counted_when_pad_is_eos(bpe_model):
     ended = type(completion)(0, completion.prompt_ids, completion.token_ids[:2] + [tokenizer.eos_token_id], "", [])
     short = type(completion)(0, completion.prompt_ids, completion.token_ids[:1], "", [])
     packed = Rollout([example] * 2, [ended, short], torch.zeros(2), {}, {}).packed(tokenizer)
-    logprobs, _ = response_logprobs(model, packed, 1.0)
+    logprobs = response_logprobs(model, packed, 1.0)
     assert packed.response_mask[0].tolist() == [1.0, 1.0, 1.0]  # the EOS counts, though it is the pad id
     assert logprobs[0, 2] < 0 and packed.response_ids[0, 2] == tokenizer.eos_token_id
     assert packed.response_mask[1].tolist() == [1.0, 0.0, 0.0]

@@ -22,7 +22,7 @@ from tasks.rl.distill_losses import DISTILL_LOSSES
 from tasks.rl.distillation import distill_roles, learn_distillation, teacher_batches
 from tasks.rl.learner import LoopState
 from tasks.rl.placement import place
-from tasks.rl.sequences import finished_response_ids, response_logprobs
+from tasks.rl.sequences import finished_response_ids, response_logprobs_and_logits
 from tasks.rl.trainer import collect
 from tests.conftest import tiny_model
 from tests.test_rl_loop import DigitScorer, new_clock
@@ -61,7 +61,7 @@ def student_dir(tmp_path_factory) -> Path:
 def _exact_reverse_kl(roles, batch) -> float:
     """KL(π_s ‖ π_t) per token over the whole vocabulary, on ``batch``."""
     with torch.no_grad():
-        student = response_logprobs(roles.actor.local.model, batch, 1.0)[1]
+        student = response_logprobs_and_logits(roles.actor.local.model, batch, 1.0)[1]
     divergence = DISTILL_LOSSES["gkd"](student, roles.teacher.local.logits(batch), batch.response_mask, beta=1.0)
     return (divergence.sum() / batch.response_mask.sum()).item()
 

@@ -51,7 +51,7 @@ def test_the_reference_of_an_adapted_policy_is_its_base_with_adapters_disabled(m
         adapted = roles.actor.logprobs(batch).result()
         reference = roles.reference.logprobs(batch).result()
         trainable = [name for name, p in model.named_parameters() if p.requires_grad]
-    base, _ = response_logprobs(load_reference(model_dir, torch.device("cpu")), batch, cfg.temperature)
+    base = response_logprobs(load_reference(model_dir, torch.device("cpu")), batch, cfg.temperature)
     mask = batch.response_mask.bool()
     assert (reference - base)[mask].abs().max() <= 1e-6
     assert (adapted - base)[mask].abs().max() > 1e-3  # the adapters do change the policy
@@ -72,7 +72,7 @@ def test_an_adapted_actors_engine_samples_from_the_merged_weights_after_every_up
         merged = merged_state_dict(model)
         for name, tensor in actor.sampler.state_dict().items():
             assert torch.equal(tensor, merged[name]), name
-        sampled, _ = response_logprobs(actor.sampler, batch, cfg.temperature)
+        sampled = response_logprobs(actor.sampler, batch, cfg.temperature)
         adapted = roles.actor.logprobs(batch).result()
         assert (sampled - adapted)[batch.response_mask.bool()].abs().max() <= 1e-5
         assert actor.state()["sampler"] is None
@@ -134,7 +134,7 @@ def test_bf16_weights_train_on_a_cpu(model_dir, one_thread):
         assert next(actor.model.parameters()).dtype == torch.bfloat16
         before = actor.logprobs(batch)
         for _ in range(5):
-            logprobs, _ = response_logprobs(actor.model, batch, 1.0)
+            logprobs = response_logprobs(actor.model, batch, 1.0)
             loss = -(logprobs * batch.response_mask).sum() / batch.response_mask.sum()
             actor._step(loss, cfg, "a bf16 step")
         after = actor.logprobs(batch)

@@ -21,7 +21,13 @@ from tasks.rl.core_algos import POLICY_LOSSES, adaptive_kl_coef, explained_varia
 from tasks.rl.guard import Guard, clearly_better
 from tasks.rl.learner import RunningMoments, prepare_scores
 from tasks.rl.policy_gradient import policy_gradient_loss
-from tasks.rl.sequences import pack, pack_text, response_logprobs, shared_prompt_logits
+from tasks.rl.sequences import (
+    pack,
+    pack_text,
+    response_logprobs,
+    response_logprobs_and_logits,
+    shared_prompt_logits,
+)
 from tasks.rl.trainer import alarms
 from tasks.rl.workers import ActorLoss, ActorWorker
 from tasks.rollout.engine import Completion, Sampling
@@ -51,7 +57,7 @@ def test_trainer_logprobs_of_a_rollout_equal_the_engines(model_dir):
         tokenizer.pad_token_id,
     )
     with torch.no_grad():
-        logprobs, _ = response_logprobs(model, batch, temperature=0.7)
+        logprobs = response_logprobs(model, batch, temperature=0.7)
     for row, completion in enumerate(completions):
         assert batch.response_ids[row, : len(completion.token_ids)].tolist() == completion.token_ids
         assert batch.response_mask[row].sum() == len(completion.token_ids)
@@ -103,11 +109,14 @@ def test_sampled_tokens_follow_the_distribution_and_never_take_a_zero_probabilit
         assert torch.allclose(frequencies, probs[row], atol=0.015), frequencies
 
 
+# three distinct prompts over six rows: the grouped pass, each prompt computed once
+SHARED_PROMPTS = ["1+2=", "123*4=", "1+2=", "98-7=", "123*4=", "1+2="]
+
+
 def test_rows_sharing_a_prompt_give_the_numbers_and_gradients_of_one_pass_over_every_row(model_dir):
     model, tokenizer = load_policy(model_dir, CPU), load_tokenizer(model_dir)
-    prompts = ["1+2=", "123*4=", "1+2=", "98-7=", "123*4=", "1+2="]
     responses = ["<think>x</think>", "<a>1</a>", "9", "<answer>91</answer>", "<think>1</think>", "<a>33</a>"]
-    batch = pack_text(tokenizer, BARE, prompts, responses)
+    batch = pack_text(tokenizer, BARE, SHARED_PROMPTS, responses)
 
     def logprobs_and_gradients(logits: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         logprobs = token_logprobs(logits.float(), batch.response_ids) * batch.response_mask
@@ -120,13 +129,29 @@ def test_rows_sharing_a_prompt_give_the_numbers_and_gradients_of_one_pass_over_e
         assert torch.allclose(ours, theirs, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("prompts", [SHARED_PROMPTS, ["1+2=", "123*4=", "98-7=", "5+5=", "7*8=", "9-1="]])
+def test_log_probs_group_by_group_are_the_bits_and_gradients_of_the_whole_batchs_logits(model_dir, prompts):
+    """response_logprobs never holds the batch's (B, T, V) logits at once, and gives what they give, bit for bit:
+    with prompts shared (the grouped pass) and without (one pass over every row)."""
+    model, tokenizer = load_policy(model_dir, CPU), load_tokenizer(model_dir)
+    responses = ["<think>x</think>", "<a>1</a>", "9", "<answer>91</answer>", "<think>1</think>", "<a>33</a>"]
+    batch = pack_text(tokenizer, BARE, prompts, responses)
+    grouped = response_logprobs(model, batch, 0.7)
+    whole, _ = response_logprobs_and_logits(model, batch, 0.7)
+    assert torch.equal(grouped, whole)
+    grouped_gradients = torch.autograd.grad((grouped * batch.response_mask).sum(), list(model.parameters()))
+    whole_gradients = torch.autograd.grad((whole * batch.response_mask).sum(), list(model.parameters()))
+    for ours, theirs in zip(grouped_gradients, whole_gradients, strict=True):
+        assert torch.equal(ours, theirs)
+
+
 def test_a_rows_numbers_do_not_depend_on_its_batchs_padding(model_dir):
     model, tokenizer = load_policy(model_dir, CPU), load_tokenizer(model_dir)
     alone = pack_text(tokenizer, BARE, ["1+2="], ["<think>x</think>"])
     padded = pack_text(tokenizer, BARE, ["1+2=", "123456*7="], ["<think>x</think>", "<think>a much longer one</think>"])
     with torch.no_grad():
-        first, _ = response_logprobs(model, alone, 1.0)
-        second, _ = response_logprobs(model, padded, 1.0)
+        first = response_logprobs(model, alone, 1.0)
+        second = response_logprobs(model, padded, 1.0)
     width = int(alone.response_mask.sum())
     assert torch.allclose(first[0, :width], second[0, :width], atol=1e-5)
 

@@ -111,7 +111,7 @@ def model_check(args: argparse.Namespace) -> None:
 
     def update() -> None:
         with autocast(policy, cfg.precision):
-            logprobs, _ = response_logprobs(policy, batch, 1.0)
+            logprobs = response_logprobs(policy, batch, 1.0)
         loss = -(logprobs * advantages * batch.response_mask).sum() / batch.response_mask.sum()
         loss.backward()
         optimizer.step()
@@ -125,12 +125,12 @@ def model_check(args: argparse.Namespace) -> None:
     with torch.no_grad():  # fp32, no autocast: the identities hold to float rounding
         probe = batch.select(torch.arange(8, device=device))
         with adapters_disabled(policy):
-            reference, _ = response_logprobs(policy, probe, 1.0)
-        of_base, _ = response_logprobs(base, probe, 1.0)
-        adapted, _ = response_logprobs(policy, probe, 1.0)
+            reference = response_logprobs(policy, probe, 1.0)
+        of_base = response_logprobs(base, probe, 1.0)
+        adapted = response_logprobs(policy, probe, 1.0)
         merged = copy.deepcopy(base)
         merged.load_state_dict(merged_state_dict(policy))
-        of_merged, _ = response_logprobs(merged, probe, 1.0)
+        of_merged = response_logprobs(merged, probe, 1.0)
     mask = probe.response_mask.bool()
     result = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",

@@ -49,7 +49,7 @@ def pair_logprobs(
 ) -> PairLogprobs:
     """The policy's summed log-probs of a ``pack_pairs`` batch (with gradients when the model has them), beside the
     reference's (chosen, rejected) sums when given."""
-    logprobs, _ = response_logprobs(model, batch.to(model.device), temperature=1.0)
+    logprobs = response_logprobs(model, batch.to(model.device), temperature=1.0)
     sums, lengths = sequence_logprobs(logprobs, batch.response_mask.to(model.device))
     chosen, rejected = sums.chunk(2)
     chosen_tokens, rejected_tokens = lengths.chunk(2)

@@ -126,7 +126,7 @@ REWARD_KINDS.register("grm", head="classifier", lm_loss=True)(_scalar_head)
 @REWARD_KINDS.register("generative", lm_loss=True, suffix=True)
 def generative(model: PreTrainedModel, batch: PackedBatch, mask: torch.Tensor, frozen: Frozen) -> RewardOutput:
     """log p(verdict | …): the verdict token is the row's last, so its log-prob sits at the row's last position."""
-    logprobs = response_logprobs(model, batch, 1.0)[0]
+    logprobs = response_logprobs(model, batch, 1.0)
     last = batch.response_mask.sum(-1).long() - 1
     return RewardOutput(logprobs.gather(1, last[:, None]).squeeze(1), logprobs)
 
@@ -134,7 +134,7 @@ def generative(model: PreTrainedModel, batch: PackedBatch, mask: torch.Tensor, f
 @REWARD_KINDS.register("likelihood", trains=False)
 def likelihood(model: PreTrainedModel, batch: PackedBatch, mask: torch.Tensor, frozen: Frozen) -> RewardOutput:
     """The mean token log-prob of the response and its end-of-sequence."""
-    logprobs = response_logprobs(model, batch, 1.0)[0]
+    logprobs = response_logprobs(model, batch, 1.0)
     return RewardOutput(masked(logprobs, mask).sum(-1) / mask.sum(-1).clamp(min=1), logprobs)
 
 
@@ -150,9 +150,9 @@ def simpo(model: PreTrainedModel, batch: PackedBatch, mask: torch.Tensor, frozen
 @REWARD_KINDS.register("implicit", trains=False, needs_reference=True)
 def implicit(model: PreTrainedModel, batch: PackedBatch, mask: torch.Tensor, frozen: Frozen) -> RewardOutput:
     """β·(log π(y|x) − log π_ref(y|x)), summed over the response's tokens."""
-    logprobs = response_logprobs(model, batch, 1.0)[0]
+    logprobs = response_logprobs(model, batch, 1.0)
     with torch.no_grad():
-        reference = response_logprobs(frozen.reference, batch, 1.0)[0]
+        reference = response_logprobs(frozen.reference, batch, 1.0)
     return RewardOutput(frozen.scoring.beta * masked(logprobs - reference, mask).sum(-1), logprobs)
 
 

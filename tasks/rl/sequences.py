@@ -7,6 +7,7 @@ row's numbers independent of how much padding its batch needed (and equal to wha
 ``generate`` computed for it).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -56,8 +57,12 @@ class PackedBatch:
 RESPONSE_BUCKETS = 4
 
 
-def shared_prompt_logits(model: PreTrainedModel, batch: PackedBatch) -> torch.Tensor:
-    """(B, T, V): ``model``'s logits predicting each response token, each distinct prompt computed once.
+def shared_prompt_logits(
+    model: PreTrainedModel, batch: PackedBatch, kept: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+) -> torch.Tensor:
+    """(B, T, V): ``model``'s logits predicting each response token, each distinct prompt computed once; or, with
+    ``kept``, what ``kept(logits, rows)`` keeps of each group of rows' (b, T, V) logits (their log-probs, say), so
+    that the whole batch's logits are never held at once.
 
     Responses that share a prompt (a GRPO group, a preference pair) share its forward pass: it runs once,
     its KV cache is gathered for each of its rows (gradients flow back through the gather) and only the
@@ -67,13 +72,14 @@ def shared_prompt_logits(model: PreTrainedModel, batch: PackedBatch) -> torch.Te
     prompt (or with gradient checkpointing, which drops the cache) it is that pass; the logits past a row's
     response are zeros.
     """
+    kept = kept or (lambda logits, rows: logits)
     width = batch.prompt_width
     prompt_columns = torch.cat([batch.input_ids[:, :width], batch.attention_mask[:, :width]], -1)
     distinct, prompt_of_row = torch.unique(prompt_columns, dim=0, return_inverse=True)
     # Gradient checkpointing drops the KV cache from a training forward pass; the ranks of a sharded model gather
     # its parameters at each pass, in lockstep, so they must run the same passes whatever their rows.
     if len(distinct) == len(prompt_of_row) or (model.training and model.is_gradient_checkpointing) or is_sharded(model):
-        return batch.response_logits(model(**batch.model_inputs()).logits)
+        return kept(batch.response_logits(model(**batch.model_inputs()).logits), torch.arange(len(prompt_of_row)))
     rows = torch.arange(len(prompt_of_row), device=prompt_of_row.device)
     first_row = torch.full((len(distinct),), len(rows), device=rows.device)
     first_row = first_row.scatter_reduce(0, prompt_of_row, rows, reduce="amin")
@@ -106,11 +112,21 @@ def shared_prompt_logits(model: PreTrainedModel, batch: PackedBatch) -> torch.Te
         ).logits
         # the last prompt position predicts response token 0; response position t predicts token t + 1
         logits = torch.cat([last_prompt_logits[prompt_of_row[bucket]], logits[:, :-1]], dim=1)
-        parts.append(torch.nn.functional.pad(logits, (0, 0, 0, batch.response_mask.shape[1] - longest)))
+        parts.append(kept(torch.nn.functional.pad(logits, (0, 0, 0, batch.response_mask.shape[1] - longest)), bucket))
     return torch.cat(parts)[torch.argsort(order)]
 
 
-def response_logprobs(
+def response_logprobs(model: PreTrainedModel, batch: PackedBatch, temperature: float) -> torch.Tensor:
+    """(B, T): the log-probs of the response tokens under ``model`` at ``temperature``, computed group by group of
+    rows: the bits of ``response_logprobs_and_logits``'s, in about a quarter of its memory."""
+
+    def logprobs(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return token_logprobs(logits.float() / temperature, batch.response_ids[rows])
+
+    return shared_prompt_logits(model, batch, logprobs)
+
+
+def response_logprobs_and_logits(
     model: PreTrainedModel, batch: PackedBatch, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-probs of the response tokens, their logits) under ``model`` at ``temperature``: (B, T), (B, T, V)."""

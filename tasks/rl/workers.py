@@ -55,7 +55,7 @@ from tasks.common.training import (
 )
 from tasks.data.problems import Example
 from tasks.rl.core_algos import clipped_value_loss
-from tasks.rl.sequences import PackedBatch, response_logprobs, shared_prompt_logits
+from tasks.rl.sequences import PackedBatch, response_logprobs, response_logprobs_and_logits, shared_prompt_logits
 from tasks.rollout.engine import Completion, Sampling
 from tasks.rollout.engine_group import TaskRollout, make_engine
 from tasks.rollout.hf_engine import params_engine
@@ -254,7 +254,7 @@ class ActorWorker(_TrainedRole):
     def logprobs(self, batch: PackedBatch) -> torch.Tensor:
         def pass_rows(part: PackedBatch) -> torch.Tensor:
             with autocast(self.model, self.cfg.precision):
-                return response_logprobs(self.model, part.to(self.model.device), self.cfg.temperature)[0].cpu()
+                return response_logprobs(self.model, part.to(self.model.device), self.cfg.temperature).cpu()
 
         return self._rows_pass(batch, pass_rows)
 
@@ -290,7 +290,7 @@ class ActorWorker(_TrainedRole):
             mine, per_item, per_token = shares(self.rank, minibatch, batch.response_mask, loss.rows_per_item)
             part = batch.select(mine).to(device)
             with autocast(self.model, cfg.precision):
-                logprobs, logits = response_logprobs(self.model, part, cfg.temperature)
+                logprobs, logits = response_logprobs_and_logits(self.model, part, cfg.temperature)
             if old_logprobs is None:
                 fresh = ~seen[mine]
                 if per_item:  # a rank without rows of its own (weight 0) leaves them to the rank that has them
@@ -391,7 +391,7 @@ class FrozenWorker:
 
     @torch.no_grad()
     def logprobs(self, batch: PackedBatch) -> torch.Tensor:
-        return response_logprobs(self.model, batch.to(self.model.device), self.temperature)[0].cpu()
+        return response_logprobs(self.model, batch.to(self.model.device), self.temperature).cpu()
 
     @torch.no_grad()
     def logits(self, batch: PackedBatch) -> torch.Tensor:
