@@ -132,6 +132,7 @@ def main() -> None:
     if args.in_project is not None and len(args.seeds) > 1:
         parser.error("--in-project runs one seed")
     out = args.out or Path(tempfile.mkdtemp(prefix="real-pipelines-"))
+    out.mkdir(parents=True, exist_ok=True)  # with --in-project nothing else makes it
     results = []
     for seed in args.seeds:
         project = args.in_project or out / f"{args.pipeline}_seed{seed}"
