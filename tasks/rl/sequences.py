@@ -62,7 +62,8 @@ def shared_prompt_logits(
 ) -> torch.Tensor:
     """(B, T, V): ``model``'s logits predicting each response token, each distinct prompt computed once; or, with
     ``kept``, what ``kept(logits, rows)`` keeps of each group of rows' (b, T, V) logits (their log-probs, say), so
-    that the whole batch's logits are never held at once.
+    that the grouped pass below never holds the whole batch's logits at once (one pass over every row holds them
+    as the model returns them).
 
     Responses that share a prompt (a GRPO group, a preference pair) share its forward pass: it runs once,
     its KV cache is gathered for each of its rows (gradients flow back through the gather) and only the
@@ -79,7 +80,8 @@ def shared_prompt_logits(
     # Gradient checkpointing drops the KV cache from a training forward pass; the ranks of a sharded model gather
     # its parameters at each pass, in lockstep, so they must run the same passes whatever their rows.
     if len(distinct) == len(prompt_of_row) or (model.training and model.is_gradient_checkpointing) or is_sharded(model):
-        return kept(batch.response_logits(model(**batch.model_inputs()).logits), torch.arange(len(prompt_of_row)))
+        every_row = torch.arange(len(prompt_of_row), device=prompt_of_row.device)
+        return kept(batch.response_logits(model(**batch.model_inputs()).logits), every_row)
     rows = torch.arange(len(prompt_of_row), device=prompt_of_row.device)
     first_row = torch.full((len(distinct),), len(rows), device=rows.device)
     first_row = first_row.scatter_reduce(0, prompt_of_row, rows, reduce="amin")
@@ -118,7 +120,7 @@ def shared_prompt_logits(
 
 def response_logprobs(model: PreTrainedModel, batch: PackedBatch, temperature: float) -> torch.Tensor:
     """(B, T): the log-probs of the response tokens under ``model`` at ``temperature``, computed group by group of
-    rows: the bits of ``response_logprobs_and_logits``'s, in about a quarter of its memory."""
+    rows: the bits of ``response_logprobs_and_logits``'s, without holding the batch's logits at once."""
 
     def logprobs(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         return token_logprobs(logits.float() / temperature, batch.response_ids[rows])
