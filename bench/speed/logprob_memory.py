@@ -69,9 +69,8 @@ def main() -> None:
     parser.add_argument("--one", choices=sorted(PASSES), help=argparse.SUPPRESS)  # a single pass, in this process
     parser.add_argument("--model-dir", type=Path, help="a Hugging Face model directory to measure instead of --model's")
     args = parser.parse_args()
-    sizes = [str(args.pairs), str(args.prompt_tokens), str(args.response_tokens)]
     if args.one:
-        print(json.dumps(one_pass(args.model_dir, args.one, *map(int, sizes))))
+        print(json.dumps(one_pass(args.model_dir, args.one, args.pairs, args.prompt_tokens, args.response_tokens)))
         return
     model_dir = args.model_dir or model_directory(
         args.model, args.project or Path(tempfile.mkdtemp(prefix="logprob-memory-")) / "p"
@@ -79,13 +78,12 @@ def main() -> None:
     results = {}
     for how in PASSES:
         command = [sys.executable, "-m", "bench.speed.logprob_memory", "--one", how, "--model-dir", str(model_dir)]
-        flags = ["--pairs", "--prompt-tokens", "--response-tokens"]
-        done = subprocess.run(
-            command + [item for pair in zip(flags, sizes, strict=True) for item in pair],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
+        sizes = [
+            f"--pairs={args.pairs}",
+            f"--prompt-tokens={args.prompt_tokens}",
+            f"--response-tokens={args.response_tokens}",
+        ]
+        done = subprocess.run(command + sizes, check=True, capture_output=True, text=True)
         results[how] = json.loads(done.stdout.splitlines()[-1])
         print(f"{how:>12}: {results[how]['peak_mib']:8.0f} MiB above the loaded model", flush=True)
     first = next(iter(results.values()))

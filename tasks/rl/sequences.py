@@ -77,12 +77,11 @@ def shared_prompt_logits(
     width = batch.prompt_width
     prompt_columns = torch.cat([batch.input_ids[:, :width], batch.attention_mask[:, :width]], -1)
     distinct, prompt_of_row = torch.unique(prompt_columns, dim=0, return_inverse=True)
+    rows = torch.arange(len(prompt_of_row), device=prompt_of_row.device)
     # Gradient checkpointing drops the KV cache from a training forward pass; the ranks of a sharded model gather
     # its parameters at each pass, in lockstep, so they must run the same passes whatever their rows.
     if len(distinct) == len(prompt_of_row) or (model.training and model.is_gradient_checkpointing) or is_sharded(model):
-        every_row = torch.arange(len(prompt_of_row), device=prompt_of_row.device)
-        return kept(batch.response_logits(model(**batch.model_inputs()).logits), every_row)
-    rows = torch.arange(len(prompt_of_row), device=prompt_of_row.device)
+        return kept(batch.response_logits(model(**batch.model_inputs()).logits), rows)
     first_row = torch.full((len(distinct),), len(rows), device=rows.device)
     first_row = first_row.scatter_reduce(0, prompt_of_row, rows, reduce="amin")
     prompts = DynamicCache(config=model.config)
