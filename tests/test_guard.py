@@ -9,7 +9,12 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
-from tasks.data.datasets import read_preferences, write_jsonl
+from tasks.data.datasets import read_examples, read_preferences, write_jsonl
+from tasks.data.judge import gold_utility
+from tasks.data.problems import score_response
+from tasks.params.load import load_params
+from tasks.rollout.engine import Sampling
+from tasks.rollout.hf_engine import policy_engine
 from tests.conftest import dvc, make_project, report_json
 
 pytestmark = pytest.mark.slow
@@ -105,6 +110,36 @@ def test_the_stage_stops_updating_once_the_kl_passes_its_budget(exploited):
     assert curve(path, "kl") == kl[:4]
     guard = json.loads((path / "artifacts/ppo/guard.json").read_text())
     assert [probe["step"] for probe in guard["probes"]] == [0, 2, 4]
+
+
+def test_a_greedy_held_out_probe_reads_greedy_answers_to_the_prompts_training_never_draws(exploited, monkeypatch):
+    """With guard.greedy and guard.held_out, the probe before the first iteration is the start model's greedy answer
+    to each of the training split's last guard.prompts: its gold reward and verifier score are those of sft_cold's
+    greedy answers to exactly those prompts (decoded here apart), not to the first ones."""
+    path = exploited["path"]
+    params = OmegaConf.load(path / "params.yaml")
+    params.ppo.kl_budget_stop, params.ppo.steps, params.ppo.guard.every = False, 2, 1
+    params.ppo.guard.signal, params.ppo.guard.prompts = "verifier", 16
+    params.ppo.guard.greedy = params.ppo.guard.held_out = True
+    OmegaConf.save(params, path / "params.yaml")
+    dvc(path, "repro", "ppo")
+    guard = json.loads((path / "artifacts/ppo/guard.json").read_text())
+    assert [probe["step"] for probe in guard["probes"]] == [0, 1, 2]
+    monkeypatch.chdir(path)  # params name the project's files relative to it
+    typed = load_params(path / "params.yaml")
+    engine = policy_engine(typed, path / "artifacts/sft_cold", {}, "ppo")
+    train = read_examples(path / "artifacts/data/train.jsonl")
+
+    def greedy_probe(examples: list) -> tuple[float, float]:
+        answers = engine.generate([e.prompt for e in examples], Sampling(typed.ppo.max_new_tokens, greedy=True))
+        gold = [gold_utility(examples[a.prompt_index], a.text) for a in answers]
+        correct = [score_response(examples[a.prompt_index], a.text)[1] for a in answers]
+        return sum(correct) / len(correct), sum(gold) / len(gold)
+
+    held_out, first = greedy_probe(train[-16:]), greedy_probe(train[:16])
+    assert held_out != first  # else the probe's prompts could not be told apart here
+    start = guard["probes"][0]
+    assert (start["guard/score"], start["guard/gold_reward"]) == pytest.approx(held_out, abs=1e-9)
 
 
 def test_too_few_held_out_pairs_for_a_judge_is_a_warning_and_no_judge(tmp_path):

@@ -18,7 +18,7 @@ from tasks.data.problems import Example
 from tasks.data.prompts import BARE
 from tasks.params.load import load_params
 from tasks.rl.core_algos import POLICY_LOSSES, adaptive_kl_coef, explained_variance
-from tasks.rl.guard import Guard, clearly_better
+from tasks.rl.guard import Guard, clearly_better, probe_split
 from tasks.rl.learner import RunningMoments, prepare_scores
 from tasks.rl.policy_gradient import policy_gradient_loss
 from tasks.rl.sequences import (
@@ -349,13 +349,15 @@ class _Done:
 
 
 class _ScriptedRoles:
-    """The calls a guard's probe makes of the actor and the reward role, the judge's scores scripted per probe."""
+    """The calls a guard's probe makes of the actor and the reward role, the judge's scores scripted per probe; the
+    decoding each probe asked for is kept in ``samplings``."""
 
     def __init__(self, probes: list[torch.Tensor]):
-        self.probes, self.actor, self.reward = iter(probes), self, self
+        self.probes, self.actor, self.reward, self.samplings = iter(probes), self, self, []
 
     def sample_current(self, prompts, sampling, seed):
-        return _Done([Completion(index, [], [], "", []) for index in range(len(prompts))])
+        self.samplings.append(sampling)
+        return _Done([Completion(index, [], [], "", []) for index in range(len(prompts)) for _ in range(sampling.n)])
 
     def judge_scores(self, prompts, completions):
         scores = next(self.probes)
@@ -376,3 +378,47 @@ def test_the_guard_keeps_a_higher_probe_or_with_min_z_only_one_clearly_better(mi
     cfg = dataclasses.replace(ppo, group_size=1, guard=dataclasses.replace(ppo.guard, min_z=min_z))
     guard = Guard("judge", [EXAMPLE] * 64)
     assert [guard.judge(roles, step, cfg, seed=0)["guard/kept_iteration"] for step in range(3)] == kept
+
+
+def test_a_greedy_probe_asks_for_one_greedy_answer_per_prompt_and_compares_prompt_by_prompt():
+    """With guard.greedy the probe decodes each prompt once, greedily (held-out pass@1's answer), where the default
+    samples group_size at the stage's temperature; either way the kept probe's per-prompt scores are one per prompt."""
+    ppo = load_params(REPO / "params.yaml").ppo
+    cfg = dataclasses.replace(ppo, group_size=4, temperature=0.7)
+    for greedy, expected in (
+        (True, Sampling(cfg.max_new_tokens, n=1, greedy=True)),
+        (False, Sampling(cfg.max_new_tokens, n=4, temperature=0.7)),
+    ):
+        answers = 1 if greedy else 4
+        roles = _ScriptedRoles([torch.linspace(0.0, 1.0, 8 * answers)])
+        guard = Guard("judge", [EXAMPLE] * 8, greedy=greedy)
+        guard.judge(roles, 0, cfg, seed=0)
+        assert roles.samplings == [expected]
+        assert guard.kept_per_prompt.shape == (8,)
+
+
+def test_a_held_out_probe_is_the_training_splits_tail_and_training_never_draws_it():
+    """guard.held_out takes the last guard.prompts out of the prompts training draws from; without it the probe is
+    the first ones, still trained on; holding out so many that a batch cannot be drawn is refused naming the key."""
+    examples = [dataclasses.replace(EXAMPLE, prompt=f"{i}+1=", answer=str(i + 1)) for i in range(40)]
+    ppo = load_params(REPO / "params.yaml").ppo
+    shared = dataclasses.replace(ppo, rollout_batch_size=8, guard=dataclasses.replace(ppo.guard, prompts=10))
+    training, probe = probe_split(examples, shared, "ppo")
+    assert training == examples and probe == examples[:10]
+    held_out = dataclasses.replace(shared, guard=dataclasses.replace(shared.guard, held_out=True))
+    training, probe = probe_split(examples, held_out, "ppo")
+    assert probe == examples[30:] and training == examples[:30]
+    assert not {e.prompt for e in training} & {e.prompt for e in probe}
+    too_many = dataclasses.replace(held_out, guard=dataclasses.replace(held_out.guard, prompts=33))
+    with pytest.raises(ValueError, match=r"ppo.guard.prompts: holding out 33 of 40 training prompts"):
+        probe_split(examples, too_many, "ppo")
+
+
+def test_the_verifier_may_guard_a_stage_trained_on_it_only_on_held_out_prompts():
+    """On prompts the stage trains on, its own reward is no check of it (refused); on held-out prompts it is early
+    stopping on a validation split (accepted)."""
+    overrides = ["grpo.guard.signal=verifier"]
+    with pytest.raises(Exception, match="grpo.guard.signal: verifier is a held-out signal only"):
+        load_params(REPO / "params.yaml", overrides, runs=["grpo"])
+    grpo = load_params(REPO / "params.yaml", [*overrides, "grpo.guard.held_out=true"], runs=["grpo"]).grpo
+    assert (grpo.guard.signal, grpo.guard.held_out) == ("verifier", True)

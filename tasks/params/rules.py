@@ -160,10 +160,11 @@ def _rl_errors(name: str, cfg: RLConfig, params: Params) -> Iterator[str]:
         for reward, weight in cfg.rewards.items()
         if weight and reward in rule_based_rewards and rule_based_rewards[reward].grades_correctness
     ]
-    if cfg.guard.signal == "verifier" and trains_on_rewards and verifier_rewards:
+    if cfg.guard.signal == "verifier" and trains_on_rewards and verifier_rewards and not cfg.guard.held_out:
         yield (
             f"{name}.guard.signal: verifier is a held-out signal only for a stage not trained on it, and {name} is "
-            f"rewarded by it ({name}.rewards.{verifier_rewards[0]}); judge, ensemble, auto or none"
+            f"rewarded by it ({name}.rewards.{verifier_rewards[0]}); judge, ensemble, auto or none, or probe "
+            f"prompts it never trains on ({name}.guard.held_out=true)"
         )
     if cfg.guard.signal not in ("auto", "none") and cfg.parallel.strategy == "fsdp" and cfg.parallel.num_workers > 1:
         yield (

@@ -2,16 +2,20 @@
 
 A policy trained on a learned reward can raise that reward while getting worse (Gao et al., 2022): the reward model
 is exploited. The guard watches a signal the policy is not trained on. Before the first iteration, every
-``guard.every`` iterations and after the last, the policy samples a fixed probe of prompts (the first
-``guard.prompts`` of the training split, ``group_size`` samples each, from a seed of its own: the training's random
-streams are left as they were) and ``guard.signal`` judges the samples:
+``guard.every`` iterations and after the last, the policy answers a fixed probe of prompts (``group_size`` samples
+each, from a seed of its own: the training's random streams are left as they were; with ``guard.greedy``, one greedy
+answer each) and ``guard.signal`` judges the answers. The probe is the first ``guard.prompts`` of the training split,
+or, with ``guard.held_out``, its last ones, which training then never draws: a probe of prompts the policy is
+trained on rewards what it learnt on them, and a sampled probe rises as RL sharpens sampling, while held-out pass@1
+reads greedy answers to prompts never seen.
 
 - ``judge``: the reward model's judge, trained on the held-out preference pairs, which the training reward never saw
   (``reward_model.judge``); a real gain raises both, an exploited quirk of the training reward raises only it;
 - ``ensemble``: the members' conservative score, mean − λ·std (Coste et al., 2024): responses the members disagree
   on are worth less;
-- ``verifier``: the share of the samples the task's verifier marks correct, for a stage that is not trained on it
-  (on-policy distillation, whose signal is the teacher: a teacher weaker than the student pulls it down).
+- ``verifier``: the share of the answers the task's verifier marks correct, for a stage that is not trained on it
+  (on-policy distillation, whose signal is the teacher: a teacher weaker than the student pulls it down), or for any
+  stage on held-out prompts (early stopping on a validation split).
 
 The probe the signal rates best is kept: a later probe replaces the kept one when its score is higher by more than
 ``guard.min_gain`` and, with ``guard.min_z`` > 0, by more than ``min_z`` paired standard errors of their per-prompt
@@ -49,7 +53,7 @@ def guard_signal(cfg: RLConfig, rewarded_by_model: bool, has_judge: bool) -> str
         return "judge" if rewarded_by_model and has_judge and not sharded else None
     if signal == "none":
         return None
-    if signal == "verifier":  # params' rules refuse it for a stage trained on the verifier's reward
+    if signal == "verifier":  # params' rules refuse it for a stage trained on the verifier's reward, unless held out
         return signal
     if not rewarded_by_model:
         raise ValueError(f"guard.signal={signal}: the stage is not rewarded by a reward model (rewards.reward_model)")
@@ -58,6 +62,20 @@ def guard_signal(cfg: RLConfig, rewarded_by_model: bool, has_judge: bool) -> str
             "guard.signal=judge: the reward model has no judge (set reward_model.judge=true and re-run reward_model)"
         )
     return signal
+
+
+def probe_split(examples: list[Example], cfg: RLConfig, section: str) -> tuple[list[Example], list[Example]]:
+    """The prompts training draws from and the guard's probe: the first ``guard.prompts``, shared, or with
+    ``guard.held_out`` the last ones, taken out of training; ValueError naming the key when too few are left."""
+    count = cfg.guard.prompts
+    if not cfg.guard.held_out:
+        return examples, examples[:count]
+    if len(examples) - count < cfg.rollout_batch_size:
+        raise ValueError(
+            f"{section}.guard.prompts: holding out {count} of {len(examples)} training prompts ({section}.guard."
+            f"held_out) leaves fewer than {section}.rollout_batch_size={cfg.rollout_batch_size} to train on"
+        )
+    return examples[:-count], examples[-count:]
 
 
 def clearly_better(scores: torch.Tensor, kept: torch.Tensor, min_z: float) -> bool:
@@ -76,6 +94,7 @@ class Guard:
 
     signal: str
     probe: list[Example]
+    greedy: bool = False  # one greedy answer per probe prompt, not group_size samples
     probes: list[dict[str, float]] = field(default_factory=list)
     kept_step: int | None = None
     kept_score: float = float("-inf")
@@ -89,7 +108,10 @@ class Guard:
     def judge(self, roles: Roles, step: int, cfg: RLConfig, seed: int) -> dict[str, float]:
         """Probe the policy as it is after iteration ``step``: its metrics, and the weights kept when the signal
         rates it best."""
-        sampling = Sampling(cfg.max_new_tokens, n=cfg.group_size, temperature=cfg.temperature)
+        if self.greedy:
+            sampling = Sampling(cfg.max_new_tokens, greedy=True)
+        else:
+            sampling = Sampling(cfg.max_new_tokens, n=cfg.group_size, temperature=cfg.temperature)
         prompts = [e.prompt for e in self.probe]
         completions = roles.actor.sample_current(prompts, sampling, seed).result()
         per_response = [prompts[c.prompt_index] for c in completions]
@@ -99,7 +121,7 @@ class Guard:
             judged["verifier"] = torch.tensor(verdicts, dtype=torch.float64)
         gold = [gold_utility(self.probe[c.prompt_index], c.text, c.env_reward) for c in completions]
         score = judged[self.signal].mean().item()
-        scores = judged[self.signal].view(len(prompts), -1).mean(1)  # each prompt's group_size samples, in a row
+        scores = judged[self.signal].view(len(prompts), -1).mean(1)  # each prompt's answers, in a row
         metrics = {"guard/score": score}
         if "disagreement" in judged:
             metrics["guard/disagreement"] = judged["disagreement"].mean().item()

@@ -66,7 +66,7 @@ from tasks.kinds import prompt_limit_key, stage_kinds
 from tasks.rl.async_rollouts import RolloutsAhead, Sampled, draw, sample
 from tasks.rl.core_algos import adaptive_kl_coef, informative_groups
 from tasks.rl.gold_vs_proxy import peak, rl_curve, write_curve
-from tasks.rl.guard import Guard, guard_signal
+from tasks.rl.guard import Guard, guard_signal, probe_split
 from tasks.rl.learner import Learner, LoopState, Rollout, RunningMoments
 from tasks.rl.placement import placed
 from tasks.rl.policy_gradient import POLICY_GRADIENT
@@ -277,6 +277,7 @@ def train(
     )
     if len(examples) < cfg.rollout_batch_size:
         raise ValueError(f"{stage}: {len(examples)} training prompts, fewer than rollout_batch_size")
+    examples, probe = probe_split(examples, cfg, section)
     task = task_module(task_of(examples))
     check_tool_tags(task, tokenizer)
     wanted = learner.roles(cfg)
@@ -299,7 +300,7 @@ def train(
         ahead = RolloutsAhead(roles, examples, cfg, params.seed, samples_at) if cfg.max_staleness else None
         judge = judge_dir(reward_dirs[0].parent) if reward_dirs else None
         signal = guard_signal(cfg, REWARD_MODEL in cfg.rewards and roles.reward is not None, judge is not None)
-        guard = Guard(signal, examples[: cfg.guard.prompts]) if signal else None
+        guard = Guard(signal, probe, greedy=cfg.guard.greedy) if signal else None
         state, reference_reset = _resume(roles, checkpointer, cfg, ahead, guard)
         for logged_step, metrics in state.history:
             log_step(live, logged_step, metrics)

@@ -97,9 +97,21 @@ class GuardConfig:
     every: int = param(10, "Iterations between probes (one also before the first and one after the last).", ge=1)
     prompts: int = param(
         64,
-        "Prompts probed: the first N of the training split, sampled group_size times each from a seed of their "
-        "own, never trained on.",
+        "Prompts probed: the first N of the training split (the last N with held_out), group_size samples each "
+        "(one greedy answer with greedy) from a seed of their own.",
         ge=1,
+    )
+    held_out: bool = param(
+        False,
+        "Probe the last `prompts` of the training split and never train on them: the probe then measures what the "
+        "policy does on prompts it has not seen, as held-out evaluation does, and the verifier may judge a stage "
+        "trained on it (early stopping on a validation split).",
+    )
+    greedy: bool = param(
+        False,
+        "Probe with one greedy answer per prompt, the answer held-out pass@1 reads, instead of group_size samples: "
+        "RL can sharpen sampling toward answers it already gives greedily, raising a sampled probe while the greedy "
+        "answers do not move.",
     )
     min_gain: float = param(
         0.0,
