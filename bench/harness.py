@@ -56,6 +56,20 @@ def stage(project: Path, *args: str) -> None:
     subprocess.run(command, cwd=project, env=project_env(project), check=True, stdout=subprocess.DEVNULL)
 
 
+def _status_kib(field: str) -> int:
+    line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith(field))
+    return int(line.split()[1])
+
+
+def peak_mib(run) -> float:
+    """The peak MiB this process held while ``run()`` ran, above what it held before (Linux: the peak resident set
+    is reset through ``/proc/self/clear_refs`` first)."""
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _status_kib("VmRSS")
+    run()
+    return (_status_kib("VmHWM") - before) / 1024
+
+
 def overlay() -> list[str]:
     """The overrides of the real model's recipe (``OVERLAY``), as ``alignflow stage @OVERLAY`` reads them."""
     lines = (line.strip() for line in (REPO / OVERLAY).read_text().splitlines())

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from bench.harness import built_project, overlay
+from bench.harness import built_project, overlay, peak_mib
 from models import load_reference
 from tasks.rl.sequences import pack, response_logprobs, response_logprobs_and_logits
 
@@ -28,11 +28,6 @@ PASSES = {
     "grouped": response_logprobs,
     "whole batch": lambda model, batch, temperature: response_logprobs_and_logits(model, batch, temperature)[0],
 }
-
-
-def _status_kib(field: str) -> int:
-    line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith(field))
-    return int(line.split()[1])
 
 
 def one_pass(model_dir: Path, how: str, pairs: int, prompt_tokens: int, response_tokens: int) -> dict[str, float]:
@@ -46,11 +41,8 @@ def one_pass(model_dir: Path, how: str, pairs: int, prompt_tokens: int, response
     batch = pack(prompts * 2, responses, pad_id=0)  # row i and row pairs + i share prompt i, as pack_pairs lays out
     with torch.no_grad():
         PASSES[how](model, batch.select(torch.tensor([0, pairs])), 1.0)
-        Path("/proc/self/clear_refs").write_text("5")  # resets the peak resident set (VmHWM) to the current one
-        before = _status_kib("VmRSS")
-        PASSES[how](model, batch, 1.0)
-        peak = _status_kib("VmHWM")
-    return {"peak_mib": (peak - before) / 1024, "rows": 2 * pairs, "vocabulary": vocabulary}
+        peak = peak_mib(lambda: PASSES[how](model, batch, 1.0))
+    return {"peak_mib": peak, "rows": 2 * pairs, "vocabulary": vocabulary}
 
 
 def model_directory(model: str, project: Path) -> Path:

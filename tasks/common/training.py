@@ -80,10 +80,25 @@ def guarded_step(
     ``rank``: of the data-parallel group whose replicated gradients this step averages (a model that DDP wraps
     or FSDP shards averages its own); a loss that is not finite on any rank stops every rank."""
     optimizer.zero_grad(set_to_none=True)
-    total = rank.sum(loss.detach())
-    if not torch.isfinite(total):
-        raise NonFiniteError(f"{where}: the loss is {total.item()}")
+    check_loss(optimizer, loss.detach(), where, rank)
     loss.backward()
+    return clipped_step(model, optimizer, grad_clip, where, rank)
+
+
+def check_loss(optimizer: torch.optim.Optimizer, loss: torch.Tensor, where: str, rank: Rank = SINGLE) -> None:
+    """NonFiniteError naming ``where`` when the (detached) loss is not finite on any rank; the gradients are
+    dropped first, so no step can take them."""
+    total = rank.sum(loss)
+    if not torch.isfinite(total):
+        optimizer.zero_grad(set_to_none=True)
+        raise NonFiniteError(f"{where}: the loss is {total.item()}")
+
+
+def clipped_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float, where: str, rank: Rank = SINGLE
+) -> torch.Tensor:
+    """The step on the gradients the backward passes left: averaged over the ranks, their norm clipped, unless the
+    norm is not finite (then NonFiniteError naming ``where``, nothing updated). Returns the pre-clip norm."""
     rank.average_gradients(model)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     if not torch.isfinite(grad_norm):

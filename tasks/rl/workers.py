@@ -46,6 +46,8 @@ from tasks.common.config import Params, RLConfig, engine_in_actor
 from tasks.common.distributed import SINGLE, Rank, full_state_dict, shard_in_place, training_state
 from tasks.common.training import (
     adamw_with_cosine,
+    check_loss,
+    clipped_step,
     guarded_step,
     make_deterministic,
     require_finite,
@@ -179,6 +181,31 @@ def shares(
     return rows, weight, tokens
 
 
+def micro_shares(
+    rank: Rank, items: torch.Tensor, mask: torch.Tensor, rows_per_item: int, micro_batch_size: int | None
+) -> list[tuple[torch.Tensor, float, float]]:
+    """``shares`` cut into micro-batches of at most ``micro_batch_size`` rows (None: one, the share): each one's
+    rows and weights, so that its losses, summed over the micro-batches (and averaged over the ranks), are the whole
+    minibatch's. Every rank cuts as many, as its backward passes may be collectives (FSDP); a part left empty runs
+    its share's first item with weight 0."""
+    rows, per_item, per_token = shares(rank, items, mask, rows_per_item)
+    if micro_batch_size is None:
+        return [(rows, per_item, per_token)]
+    mine, _ = rank.share(items)
+    count = len(mask) // rows_per_item
+    largest = -(-len(items) // rank.world_size)
+    parts = mine.tensor_split(-(-largest // max(1, micro_batch_size // rows_per_item)))
+    tokens = mask[rows].sum().clamp(min=1).item()
+    cut = []
+    for part in parts:
+        part_rows = item_rows(part if len(part) else mine[:1], count, rows_per_item)
+        if not len(part):
+            cut.append((part_rows, 0.0, 0.0))
+            continue
+        cut.append((part_rows, per_item * len(part) / len(mine), per_token * mask[part_rows].sum().item() / tokens))
+    return cut
+
+
 def _optimizer(model: torch.nn.Module, lr: float, cfg: RLConfig) -> tuple[torch.optim.Optimizer, LambdaLR]:
     """AdamW with warm-up, then a constant rate or (``lr_schedule: cosine``) decay to 0 at the last iteration."""
     return adamw_with_cosine(model, lr, 0.0, cfg.warmup_steps, cfg.steps if cfg.lr_schedule == "cosine" else None)
@@ -286,22 +313,30 @@ class ActorWorker(_TrainedRole):
         seen = torch.zeros(len(before), dtype=torch.bool)
         totals: dict[str, float] = {}
         for minibatch in minibatches:
-            # this rank's rows, and the weights that make its losses' average over the ranks the minibatch's
-            mine, per_item, per_token = shares(self.rank, minibatch, batch.response_mask, loss.rows_per_item)
-            part = batch.select(mine).to(device)
-            with autocast(self.model, cfg.precision):
-                logprobs, logits = response_logprobs_and_logits(self.model, part, cfg.temperature)
-            if old_logprobs is None:
-                fresh = ~seen[mine]
-                if per_item:  # a rank without rows of its own (weight 0) leaves them to the rank that has them
+            self.optimizer.zero_grad(set_to_none=True)
+            summed = torch.zeros((), dtype=torch.float64)
+            # this rank's rows by micro-batch, and the weights that make their losses' sum, averaged over the ranks,
+            # the minibatch's
+            cut = micro_shares(self.rank, minibatch, batch.response_mask, loss.rows_per_item, cfg.micro_batch_size)
+            for mine, per_item, per_token in cut:
+                part = batch.select(mine).to(device)
+                with autocast(self.model, cfg.precision):
+                    logprobs, logits = response_logprobs_and_logits(self.model, part, cfg.temperature)
+                if old_logprobs is None and per_item:  # a part of weight 0 leaves its rows to the one that has them
+                    fresh = ~seen[mine]
                     before[mine[fresh]] = logprobs.detach().cpu()[fresh]
+                old = (before if old_logprobs is None else old_logprobs)[mine].to(device)
+                inputs = {name: tensor[mine].to(device) for name, tensor in rows.items() if tensor is not None}
+                value, metrics = loss.compute(Minibatch(part, logprobs, logits, old, inputs, per_item, per_token), cfg)
+                value.backward()
+                summed += value.detach().double().cpu()
+                for name, (metric, weight) in metrics.items():
+                    totals[name] = totals.get(name, 0.0) + metric.item() * weight / len(minibatches)
+            if old_logprobs is None:
                 seen[item_rows(minibatch, items, loss.rows_per_item)] = True
-            old = (before if old_logprobs is None else old_logprobs)[mine].to(device)
-            inputs = {name: tensor[mine].to(device) for name, tensor in rows.items() if tensor is not None}
-            value, metrics = loss.compute(Minibatch(part, logprobs, logits, old, inputs, per_item, per_token), cfg)
-            metrics["grad_norm"] = (self._step(value, cfg, "the actor's update"), 1.0)  # the same on every rank
-            for name, (metric, weight) in metrics.items():
-                totals[name] = totals.get(name, 0.0) + metric.item() * weight / len(minibatches)
+            check_loss(self.optimizer, summed, "the actor's update", self.rank)
+            grad_norm = clipped_step(self.model, self.optimizer, cfg.grad_clip, "the actor's update", self.rank)
+            totals["grad_norm"] = totals.get("grad_norm", 0.0) + grad_norm.item() * 1.0 / len(minibatches)
         self.scheduler.step()
         self._took_steps(len(minibatches))
         return self._over_ranks(totals), old_logprobs if old_logprobs is not None else self.rank.sum(before)

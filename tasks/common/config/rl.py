@@ -142,6 +142,13 @@ class RLConfig(SamplingConfig, ModelTrainingConfig):
     rollout_batch_size: int = param(128, "Prompts rolled out per iteration.", ge=1)
     group_size: int = param(1, "Responses sampled per prompt (G); group advantages compare them.", ge=1)
     minibatch_size: int = param(64, "Responses per gradient step.", ge=1)
+    micro_batch_size: int | None = param(
+        None,
+        "Responses per forward and backward pass of the actor's update, their gradients summed into the "
+        "minibatch's one step (gradient accumulation): the update's memory grows with it, not with minibatch_size "
+        "(its logits over the vocabulary are most of it). null: a worker's whole share of the minibatch at once.",
+        ge=1,
+    )
     epochs: int = param(2, "Passes over each rollout batch; epochs x minibatches = updates per batch (mu).", ge=1)
     actor_lr: float = param(1e-4, "Policy AdamW peak learning rate.", gt=0)
     critic_lr: float = param(5e-4, "Critic AdamW peak learning rate (estimators with a critic only).", gt=0)
