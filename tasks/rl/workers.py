@@ -336,7 +336,7 @@ class ActorWorker(_TrainedRole):
                 seen[item_rows(minibatch, items, loss.rows_per_item)] = True
             check_loss(self.optimizer, summed, "the actor's update", self.rank)
             grad_norm = clipped_step(self.model, self.optimizer, cfg.grad_clip, "the actor's update", self.rank)
-            totals["grad_norm"] = totals.get("grad_norm", 0.0) + grad_norm.item() * 1.0 / len(minibatches)
+            totals["grad_norm"] = totals.get("grad_norm", 0.0) + grad_norm.item() / len(minibatches)
         self.scheduler.step()
         self._took_steps(len(minibatches))
         return self._over_ranks(totals), old_logprobs if old_logprobs is not None else self.rank.sum(before)
