@@ -80,8 +80,8 @@ class Minibatch:
     logits: torch.Tensor  # (B', T, V) at the rollout temperature
     old_logprobs: torch.Tensor  # (B', T) π_old's
     inputs: dict[str, torch.Tensor]  # the learner's per-row tensors (advantages, the reference's log-probs, ...)
-    # weights making the ranks' average of a loss averaged over items (responses, or pairs), or over tokens, the
-    # whole minibatch's (alone: 1.0, and multiplying by it changes no bit)
+    # weights making a loss averaged over items (responses, or pairs), or over tokens, summed over the micro-batches
+    # and averaged over the ranks, the whole minibatch's (alone and whole: 1.0, and multiplying by it changes no bit)
     per_item: float
     per_token: float
 
