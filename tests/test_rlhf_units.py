@@ -391,8 +391,8 @@ def test_a_greedy_probe_asks_for_one_greedy_answer_per_prompt_and_compares_promp
     ):
         answers = 1 if greedy else 4
         roles = _ScriptedRoles([torch.linspace(0.0, 1.0, 8 * answers)])
-        guard = Guard("judge", [EXAMPLE] * 8, greedy=greedy)
-        guard.judge(roles, 0, cfg, seed=0)
+        guard = Guard("judge", [EXAMPLE] * 8)
+        guard.judge(roles, 0, dataclasses.replace(cfg, guard=dataclasses.replace(cfg.guard, greedy=greedy)), seed=0)
         assert roles.samplings == [expected]
         assert guard.kept_per_prompt.shape == (8,)
 

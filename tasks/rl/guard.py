@@ -94,7 +94,6 @@ class Guard:
 
     signal: str
     probe: list[Example]
-    greedy: bool = False  # one greedy answer per probe prompt, not group_size samples
     probes: list[dict[str, float]] = field(default_factory=list)
     kept_step: int | None = None
     kept_score: float = float("-inf")
@@ -108,7 +107,7 @@ class Guard:
     def judge(self, roles: Roles, step: int, cfg: RLConfig, seed: int) -> dict[str, float]:
         """Probe the policy as it is after iteration ``step``: its metrics, and the weights kept when the signal
         rates it best."""
-        if self.greedy:
+        if cfg.guard.greedy:
             sampling = Sampling(cfg.max_new_tokens, greedy=True)
         else:
             sampling = Sampling(cfg.max_new_tokens, n=cfg.group_size, temperature=cfg.temperature)

@@ -300,7 +300,7 @@ def train(
         ahead = RolloutsAhead(roles, examples, cfg, params.seed, samples_at) if cfg.max_staleness else None
         judge = judge_dir(reward_dirs[0].parent) if reward_dirs else None
         signal = guard_signal(cfg, REWARD_MODEL in cfg.rewards and roles.reward is not None, judge is not None)
-        guard = Guard(signal, probe, greedy=cfg.guard.greedy) if signal else None
+        guard = Guard(signal, probe) if signal else None
         state, reference_reset = _resume(roles, checkpointer, cfg, ahead, guard)
         for logged_step, metrics in state.history:
             log_step(live, logged_step, metrics)

@@ -198,11 +198,11 @@ def micro_shares(
     tokens = mask[rows].sum().clamp(min=1).item()
     cut = []
     for part in parts:
-        part_rows = item_rows(part if len(part) else mine[:1], count, rows_per_item)
-        if not len(part):
-            cut.append((part_rows, 0.0, 0.0))
-            continue
-        cut.append((part_rows, per_item * len(part) / len(mine), per_token * mask[part_rows].sum().item() / tokens))
+        if len(part):
+            part_rows = item_rows(part, count, rows_per_item)
+            cut.append((part_rows, per_item * len(part) / len(mine), per_token * mask[part_rows].sum().item() / tokens))
+        else:
+            cut.append((item_rows(mine[:1], count, rows_per_item), 0.0, 0.0))
     return cut
 
 
