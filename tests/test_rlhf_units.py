@@ -380,6 +380,28 @@ def test_the_guard_keeps_a_higher_probe_or_with_min_z_only_one_clearly_better(mi
     assert [guard.judge(roles, step, cfg, seed=0)["guard/kept_iteration"] for step in range(3)] == kept
 
 
+@pytest.mark.parametrize(
+    ("last_shift", "kept", "says"),
+    [
+        (0.1, 2, "the last iteration's probe scored highest"),
+        (-0.1, 1, "(2) 0.0000, lower"),
+        (0.0, 1, "(2) 0.1000, not higher by more than guard.min_gain"),
+    ],
+)
+def test_the_guards_report_says_why_it_kept_an_earlier_iteration_as_it_happened(last_shift, kept, says):
+    """guard.json's why: the last iteration when it scored highest; else the kept iteration, and whether the last
+    probe was lower or only tied it (a tie keeps the earlier one, and the report must not claim it fell)."""
+    start = torch.zeros(8)
+    roles = _ScriptedRoles([start, start + 0.1, start + 0.1 + last_shift])
+    ppo = load_params(REPO / "params.yaml").ppo
+    guard = Guard("judge", [EXAMPLE] * 8)
+    for step in range(3):
+        guard.judge(roles, step, dataclasses.replace(ppo, group_size=1), seed=0)
+    report = guard.report(last_step=2)
+    assert report["kept_iteration"] == kept
+    assert says in report["why"]
+
+
 def test_a_greedy_probe_asks_for_one_greedy_answer_per_prompt_and_compares_prompt_by_prompt():
     """With guard.greedy the probe decodes each prompt once, greedily (held-out pass@1's answer), where the default
     samples group_size at the stage's temperature; either way the kept probe's per-prompt scores are one per prompt."""

@@ -141,9 +141,11 @@ class Guard:
             why = f"the last iteration's probe scored highest by {self.signal} ({self.kept_score:.4f})"
         else:
             last = self.probes[-1]["guard/score"]
+            # a later probe replaces the kept one only when clearly higher: a tie or a gain inside the margins keeps it
+            verdict = "lower" if last < self.kept_score else "not higher by more than guard.min_gain and guard.min_z"
             why = (
-                f"iteration {self.kept_step}'s probe scored {self.kept_score:.4f} by {self.signal}, the last "
-                f"iteration's ({last_step}) {last:.4f}: the training reward rose past what the {self.signal} confirms"
+                f"iteration {self.kept_step}'s probe scored {self.kept_score:.4f} by {self.signal}; the last "
+                f"iteration's ({last_step}) {last:.4f}, {verdict}"
             )
         return {"signal": self.signal, "kept_iteration": self.kept_step, "why": why, "probes": self.probes}
 
