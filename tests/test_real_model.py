@@ -56,7 +56,7 @@ FEW_STEPS = (
         max_new_tokens=8,
     ),
     # the guard's probes before and after the one iteration: 64 prompts each by default
-    *_each(("ppo", "grpo_final", "distill"), **{"guard.prompts": 2}),
+    *_each(("grpo", "ppo", "grpo_final", "distill"), **{"guard.prompts": 2}),
     "online_dpo.heldout_prompts=2",
     "online_dpo.heldout_every=1",
     "eval.max_new_tokens=8",
