@@ -19,7 +19,7 @@ from pydantic import ConfigDict, Field, TypeAdapter
 from pydantic.dataclasses import dataclass
 
 DECLARATIONS = Path(__file__).with_name("kinds.yaml")
-PROMPT_PARAMS = ("task.chat_template", "task.system_prompt")  # how a prompt is put to a model
+PROMPT_PARAMS = ("task.chat_template", "task.system_prompt", "task.response_prefix")  # how a prompt is put to a model
 
 
 @dataclass(frozen=True, config=ConfigDict(extra="forbid"))

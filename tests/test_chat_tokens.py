@@ -14,15 +14,16 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from models import build_char_tokenizer, load_tokenizer
 from models.sources import resolve_source
-from tasks.common.config import Params
+from tasks.common.config import AgentConfig, Params
 from tasks.common.training import make_deterministic
-from tasks.data.problems import Example, score_response
-from tasks.data.prompts import BARE, PromptFormat, PromptFormatError
+from tasks.data.problems import Example, score_response, task_module
+from tasks.data.prompts import BARE, PromptFormat, PromptFormatError, finished_response_ids
 from tasks.rl.learner import Rollout
 from tasks.rl.reward_kinds import Scoring
 from tasks.rl.reward_role import RewardWorker
 from tasks.rl.sequences import response_logprobs
 from tasks.rollout.engine import Sampling
+from tasks.rollout.episodes import play
 from tasks.rollout.hf_engine import HFEngine
 from tasks.stages.sft import SFTBatches
 
@@ -152,3 +153,44 @@ def test_the_final_eos_is_trained_and_counted_when_pad_is_eos(bpe_model):
 def test_bare_prompts_of_the_character_model_are_its_tokenizer_s(tmp_path):
     tokenizer = build_char_tokenizer()
     assert BARE.encode(tokenizer, ["1+2="]) == TEMPLATE.encode(tokenizer, ["1+2="]) == [tokenizer("1+2=")["input_ids"]]
+
+
+def test_a_response_prefix_ends_the_prompt_and_opens_every_response_once(bpe_model):
+    """R1-Zero's '<think>' written into the prompt: the engine's texts, which verifiers read, hold it in front; a
+    response's ids after the prompt do not repeat it; SFT trains the rest; an agent's episode does without it."""
+    make_deterministic(0)
+    model, tokenizer = LlamaForCausalLM.from_pretrained(bpe_model), load_tokenizer(bpe_model)
+    opened = PromptFormat("always", "Add.", "<think>")
+    (prompt,) = opened.encode(tokenizer, ["12+34="])
+    (unopened,) = PromptFormat("always", "Add.").encode(tokenizer, ["12+34="])
+    assert tokenizer.decode(prompt) == tokenizer.decode(unopened) + "<think>"
+    engine = HFEngine(model, tokenizer, 4, opened)
+    example = Example("arithmetic", "12+34=", "46", "")
+    played = play(engine, [example], task_module("arithmetic"), Sampling(6, n=3), AgentConfig(), 256)
+    for completion in [*engine.generate(["12+34="], Sampling(6, n=3)), *(e.completion() for e in played)]:
+        assert completion.prompt_ids == prompt
+        assert completion.text == "<think>" + tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+
+    solution = "<think>2+4=6,1+3=4</think><answer>46</answer>"
+    assert opened.response_ids(tokenizer, solution) == finished_response_ids(tokenizer, solution[len("<think>") :])
+    with pytest.raises(PromptFormatError, match=r"does not start with task.response_prefix '<think>'"):
+        opened.response_ids(tokenizer, "<answer>46</answer>")
+
+    cfg = replace(Params().sft, batch_size=1, max_prompt_length=64, max_length=128)
+    example = replace(example, solution=solution)
+    (ids, mask), *_ = SFTBatches([example], tokenizer, opened, cfg, Path("train"), 0, "sft").sequences
+    assert ids == prompt + opened.response_ids(tokenizer, solution)
+    assert tokenizer.decode(ids).count("<think>") == 1 and sum(mask) == len(ids) - len(prompt)
+    assert opened.multi_turn() == PromptFormat("always", "Add.")
+
+
+def test_a_worked_solution_without_the_response_prefix_is_refused_naming_its_row(bpe_model):
+    from tasks.data.datasets import DatasetError, check_prompt_lengths
+
+    tokenizer = load_tokenizer(bpe_model)
+    rows = [Example("arithmetic", "1+1=", "2", "<think>1+1=2</think><answer>2</answer>")] * 2
+    rows.append(Example("arithmetic", "2+2=", "4", "<answer>4</answer>"))
+    opened = PromptFormat("auto", None, "<think>")
+    check_prompt_lengths(rows[:2], tokenizer, opened, "rows.jsonl", 64, 256, ("eval.max_new_tokens", 40))
+    with pytest.raises(DatasetError, match=r"rows.jsonl:3: the worked solution does not start with task.response_pre"):
+        check_prompt_lengths(rows, tokenizer, opened, "rows.jsonl", 64, 256, ("eval.max_new_tokens", 40))

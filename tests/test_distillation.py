@@ -16,13 +16,13 @@ from models.student import kept_layers, student_of
 from tasks.common.config import BaseConfig, ConfigError, Params
 from tasks.common.training import make_deterministic
 from tasks.data.problems import Example
-from tasks.data.prompts import BARE
+from tasks.data.prompts import BARE, finished_response_ids
 from tasks.params.load import load_params
 from tasks.rl.distill_losses import DISTILL_LOSSES
 from tasks.rl.distillation import distill_roles, learn_distillation, teacher_batches
 from tasks.rl.learner import LoopState
 from tasks.rl.placement import place
-from tasks.rl.sequences import finished_response_ids, response_logprobs_and_logits
+from tasks.rl.sequences import response_logprobs_and_logits
 from tasks.rl.trainer import collect
 from tests.conftest import tiny_model
 from tests.test_rl_loop import DigitScorer, new_clock

@@ -100,13 +100,19 @@ def test_grpo_killed_mid_run_resumes_to_identical_weights(r1):
 
 
 @pytest.mark.slow
-def test_r1_zero_runs_grpo_straight_from_the_base_model(tmp_path):
-    path = make_project(tmp_path, EASY)
+def test_r1_zero_runs_grpo_straight_from_the_base_model_its_responses_opened_by_the_prefix(tmp_path):
+    """R1-Zero's recipe: the prompt ends with '<think>' (task.response_prefix) and a reward for each tag written."""
+    path = make_project(tmp_path, (*EASY, "task.response_prefix=<think>", "grpo.rewards.tags=0.5"))
     output = repro(path, "r1_zero")
     assert stages_run(output) == {"data", "base", "grpo_zero", "eval@base", "eval@grpo_zero"}
     report = _report(path)
     assert [stage for stage in report if stage in ("base", "grpo_zero")] == ["base", "grpo_zero"]
     assert {"pass@1", "pass@k"} <= set(report["grpo_zero"])
+    for model in ("base", "grpo_zero"):
+        rows = [json.loads(line) for line in (path / f"artifacts/eval/{model}/greedy.jsonl").read_text().splitlines()]
+        assert rows and all(row["response"].startswith("<think>") for row in rows)
+    rewards = json.loads((path / "metrics/grpo_zero/metrics.json").read_text())["train"]["rewards"]
+    assert 0.25 <= rewards["tags"] <= 1.0  # the prefix's tag is always there, once
 
 
 EXAMPLE = Example("arithmetic", "12+30=", "42", "<think>2+0+0=2,1+3+0=4</think><answer>42</answer>")

@@ -69,6 +69,21 @@ def test_built_in_rewards_score_correctness_format_length_and_overlong():
     assert set(failures.values()) == {0}
 
 
+def test_the_tags_reward_pays_a_quarter_for_each_of_the_formats_tags_written_exactly_once():
+    responses = [
+        "<think>1+1=2</think><answer>2</answer>",
+        "<think>1+1=2</think> so 2",
+        "<answer>2</answer><answer>3</answer>",
+        "<think> 2 <answer>2",
+        "2",
+    ]
+    batch = RewardInputs([EXAMPLE] * len(responses), responses, [5] * len(responses), [False] * len(responses), 40)
+    with RewardScorer({"tags": 1.0}, timeout_seconds=60) as scorer:
+        total, parts, _ = scorer.score(batch)
+    assert parts["tags"].tolist() == [1.0, 0.5, 0.0, 0.5, 0.0]
+    assert total.tolist() == parts["tags"].tolist()
+
+
 def test_the_arithmetic_rewards_run_in_the_stages_process_and_the_environments_reward_is_passed_on_as_it_is():
     batch = replace(_batch(), env_rewards=[0.5, -1.0, 0.0, 2.0])
     children = set(multiprocessing.active_children())

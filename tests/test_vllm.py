@@ -14,8 +14,7 @@ from models import build_char_tokenizer, build_tiny_llama, load_policy, load_tok
 from tasks.algos.supervised import sft_loss
 from tasks.algos.tokens import token_logprobs
 from tasks.common.config import BaseConfig, VLLMConfig
-from tasks.data.prompts import BARE
-from tasks.rl.sequences import finished_response_ids
+from tasks.data.prompts import BARE, finished_response_ids
 from tasks.rollout.engine import Sampling
 from tasks.rollout.hf_engine import HFEngine
 from tasks.rollout.vllm_engine import VLLMEngine

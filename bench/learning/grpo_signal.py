@@ -32,6 +32,7 @@ from tasks.common.config import Params
 from tasks.common.training import make_deterministic
 from tasks.data.datasets import read_examples
 from tasks.data.problems import Example
+from tasks.data.prompts import finished_response_ids
 from tasks.params.load import load_params
 from tasks.rl import trainer as rl
 from tasks.rl.core_algos import ADVANTAGE_ESTIMATORS
@@ -40,7 +41,6 @@ from tasks.rl.placement import place
 from tasks.rl.policy_gradient import learn, needed_roles
 from tasks.rl.rewards import RewardScorer
 from tasks.rl.role_handles import ActorHandle
-from tasks.rl.sequences import finished_response_ids
 from tasks.rollout.engine import Completion
 from tasks.stages.eval import greedy_responses
 

@@ -25,11 +25,12 @@ from tasks.data.problems import (
     difficulty_label,
     grades_episodes,
     has_verifier,
+    is_trace,
     score_response,
     task_module,
     trace_turns,
 )
-from tasks.data.prompts import PromptFormat, finished_response_ids
+from tasks.data.prompts import PromptFormat
 
 _STRING_FIELDS = ("task", "prompt", "answer", "solution")
 _PAIR_FIELDS = ("prompt", "chosen", "rejected")
@@ -197,17 +198,25 @@ def check_prompt_lengths(
     limit, why = max_prompt_length, f"sft.max_prompt_length={max_prompt_length}"
     if positions - count < limit:
         limit, why = positions - count, f"the model's {positions} positions less {key}={count}"
-    for line, example in enumerate(examples, start=1):
+    # a response prefix opens a single-turn response; an agent task's trace opens its turns itself
+    formats = [prompt_format.multi_turn() if is_trace(e) else prompt_format for e in examples]
+    for line, (example, form) in enumerate(zip(examples, formats, strict=True), start=1):
         if token := prompt_format.control_token_in(tokenizer, example.prompt):
             raise DatasetError(f"{source}:{line}: the prompt holds {token!r}, a control token of the model's tokenizer")
-    lengths = [len(ids) for ids in prompt_format.encode(tokenizer, [e.prompt for e in examples])]
+        if example.solution and not example.solution.startswith(form.response_prefix):
+            raise DatasetError(
+                f"{source}:{line}: the worked solution does not start with task.response_prefix "
+                f"{form.response_prefix!r}, which the prompt ends with: {example.solution[:60]!r}"
+            )
+    lengths = [len(form.encode(tokenizer, [e.prompt])[0]) for e, form in zip(examples, formats, strict=True)]
     system = prompt_format.system_prompt
     for line, length in enumerate(lengths, start=1):
         if length > limit:
             own = len(tokenizer(system, add_special_tokens=False)["input_ids"]) if system else 0
             blame = f" (task.system_prompt is {own} tokens of it)" if system else ""
             raise DatasetError(f"{source}:{line}: the prompt is {length} tokens, over {why}{blame}")
-    solutions = [len(finished_response_ids(tokenizer, e.solution)) for e in examples if e.solution]
+    solved = [(e.solution, form) for e, form in zip(examples, formats, strict=True) if e.solution]
+    solutions = [len(form.response_ids(tokenizer, solution)) for solution, form in solved]
     if over := sum(length > count for length in solutions):
         warn(
             f"{key}={count}: {over} of the {len(solutions)} worked solutions in {source} ({over / len(solutions):.0%}"

@@ -5,6 +5,11 @@ message, after the task's system prompt if it sets one, rendered by the tokenize
 turn opened (``task.chat_template``: auto uses a template when the tokenizer has one, always requires one, never
 sends the bare text). Every place that turns a prompt into ids (the engines, the trainers, the reward models, length
 checks) goes through ``PromptFormat.encode``, so all of them see the same ids.
+
+A response prefix (``task.response_prefix``: R1-Zero's ``<think>``) opens the assistant's turn for the model to
+continue: ``encode`` ends every prompt with it, and a response's text holds it in front (what the engines return,
+what verifiers, judges and datasets read), so ``response_ids`` takes it off again before tokenizing a response
+that follows an encoded prompt.
 """
 
 from collections.abc import Sequence
@@ -20,11 +25,12 @@ class PromptFormatError(ValueError):
 class PromptFormat:
     chat_template: str  # one of CHAT_TEMPLATE_MODES (tasks/common/config/task.py)
     system_prompt: str | None  # None: the template's own default, if it has one
+    response_prefix: str = ""  # the text every response starts with, written into the prompt
 
     @classmethod
     def of(cls, task: Any) -> "PromptFormat":
         """The format ``task`` (params.task) asks for."""
-        return cls(task.chat_template, task.system_prompt)
+        return cls(task.chat_template, task.system_prompt, task.response_prefix)
 
     def uses_template(self, tokenizer: Any) -> bool:
         """Whether prompts go through ``tokenizer``'s chat template; PromptFormatError when one is required, absent."""
@@ -48,17 +54,37 @@ class PromptFormat:
     def encode(self, tokenizer: Any, prompts: Sequence[str]) -> list[list[int]]:
         """The token ids of each prompt, as the model reads it before its response's first token; PromptFormatError
         for a prompt or system prompt holding one of the tokenizer's control tokens."""
-        for where, text in (("task.system_prompt", self.system_prompt or ""), *(("a prompt", p) for p in prompts)):
+        settings = (("task.system_prompt", self.system_prompt or ""), ("task.response_prefix", self.response_prefix))
+        for where, text in (*settings, *(("a prompt", p) for p in prompts)):
             if token := self.control_token_in(tokenizer, text):
                 raise PromptFormatError(f"{where} holds {token!r}, a control token of the model's tokenizer: {text!r}")
         if not self.uses_template(tokenizer):
-            return tokenizer(list(prompts))["input_ids"]
+            return tokenizer([prompt + self.response_prefix for prompt in prompts])["input_ids"]
         rendered = [
             tokenizer.apply_chat_template(self.messages(prompt), add_generation_prompt=True, tokenize=False)
+            + self.response_prefix
             for prompt in prompts
         ]
         # The template writes whatever beginning-of-sequence token the model expects; adding one would double it.
         return tokenizer(rendered, add_special_tokens=False)["input_ids"]
+
+    def multi_turn(self) -> "PromptFormat":
+        """The format of an episode of several model turns (an agent task's): without the response prefix, which
+        opens a single-turn response; an episode's turns open as the model opens them."""
+        return PromptFormat(self.chat_template, self.system_prompt)
+
+    def response_text(self, generated: str) -> str:
+        """The whole response to an encoded prompt whose model wrote ``generated``: the prefix, then it."""
+        return self.response_prefix + generated
+
+    def response_ids(self, tokenizer: Any, response: str) -> list[int]:
+        """The token ids a model writes after an encoded prompt to give ``response`` (the prefix is the prompt's),
+        then end-of-sequence; PromptFormatError for a response that does not start with the prefix."""
+        if not response.startswith(self.response_prefix):
+            raise PromptFormatError(
+                f"a response does not start with task.response_prefix {self.response_prefix!r}: {response[:80]!r}"
+            )
+        return finished_response_ids(tokenizer, response[len(self.response_prefix) :])
 
 
 def finished_response_ids(tokenizer: Any, response: str) -> list[int]:

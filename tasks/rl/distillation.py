@@ -40,7 +40,6 @@ from tasks.rl.learner import (
 from tasks.rl.policy_gradient import policy_gradient_loss
 from tasks.rl.role_handles import Roles
 from tasks.rl.rollout_correction import mismatch_metrics, off_policy
-from tasks.rl.sequences import finished_response_ids
 from tasks.rl.workers import ActorLoss, Metrics, Minibatch
 from tasks.rollout.engine import Completion
 
@@ -119,7 +118,7 @@ def teacher_batches(
         chosen = [examples[i] for i in epoch_batch(len(examples), size, iteration, seed)]
         prompts = prompt_format.encode(tokenizer, [e.prompt for e in chosen])
         completions = [
-            Completion(row, prompt, finished_response_ids(tokenizer, e.solution), e.solution, [])
+            Completion(row, prompt, prompt_format.response_ids(tokenizer, e.solution), e.solution, [])
             for row, (e, prompt) in enumerate(zip(chosen, prompts, strict=True))
         ]
         return Rollout(chosen, completions, torch.zeros(len(chosen)), {}, {}, on_policy=False)

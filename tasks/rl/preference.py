@@ -13,7 +13,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from tasks.data.datasets import DatasetError, PreferencePair
 from tasks.data.prompts import PromptFormat
 from tasks.rl.preference_losses import PairLogprobs, sequence_logprobs
-from tasks.rl.sequences import PackedBatch, finished_response_ids, pack, response_logprobs
+from tasks.rl.sequences import PackedBatch, pack, response_logprobs
 
 TokenizedPair = tuple[list[int], list[int], list[int]]  # prompt, chosen, rejected token ids
 
@@ -30,7 +30,7 @@ def tokenize_pairs(
     tokenized = []
     prompts = prompt_format.encode(tokenizer, [pair.prompt for pair in pairs])
     for line, (pair, prompt) in enumerate(zip(pairs, prompts, strict=True), start=1):
-        chosen, rejected = (finished_response_ids(tokenizer, response) for response in (pair.chosen, pair.rejected))
+        chosen, rejected = (prompt_format.response_ids(tokenizer, text) for text in (pair.chosen, pair.rejected))
         longest = len(prompt) + max(len(chosen), len(rejected))
         if longest > positions:
             raise DatasetError(f"{source}:{line}: prompt + response is {longest} tokens, over the model's {positions}")

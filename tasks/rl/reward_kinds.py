@@ -34,7 +34,7 @@ from models import load_reference, load_reward_model, load_tokenizer
 from tasks.algos.tokens import masked, token_logprobs
 from tasks.common.registry_type import Registry
 from tasks.data.prompts import PromptFormat
-from tasks.rl.sequences import PackedBatch, finished_response_ids, pack, response_logprobs
+from tasks.rl.sequences import PackedBatch, pack, response_logprobs
 
 if TYPE_CHECKING:
     from tasks.common.config import Params
@@ -193,7 +193,7 @@ class RewardModel:
         self, prompt_format: PromptFormat, prompts: list[str], responses: list[str], batch_size: int
     ) -> torch.Tensor:
         """(N,) the score of each (prompt, response) text, as a finished response."""
-        finished = [finished_response_ids(self.tokenizer, r) for r in responses]
+        finished = [prompt_format.response_ids(self.tokenizer, r) for r in responses]
         return self.score_ids(prompt_format.encode(self.tokenizer, prompts), finished, batch_size)
 
     def weights(self) -> dict[str, torch.Tensor]:

@@ -18,6 +18,9 @@ the project directory or an installed package), next to the built-ins:
 - ``accuracy``: 1 if the task's verifier accepts the answer, else 0 (or the verifier's credit in [0, 1]: a
   reasoning-gym dataset's score);
 - ``format``: 1 if the response is ``<think>…</think><answer>…</answer>``, else 0;
+- ``tags``: the share of the format's four tags (``<think>``, ``</think>``, ``<answer>``, ``</answer>``) the
+  response holds exactly once, a shaping reward for a model that rarely writes the whole format (R1-Zero from a
+  small base model) where ``format`` pays nothing to learn from;
 - ``length``: 1 − tokens / max_new_tokens, a push towards shorter reasoning;
 - ``overlong``: DAPO's soft overlong punishment, 0 down to −1 over the last ``overlong_buffer`` tokens;
 - ``environment``: an episode's environment reward (0 for a single-turn response).
@@ -105,6 +108,14 @@ def correct(batch: RewardInputs) -> list[float]:
 def format_reward(batch: RewardInputs) -> list[float]:
     graded = zip(batch.examples, batch.responses, _env(batch), strict=True)
     return [float(score_response(e, r, env)[0]) for e, r, env in graded]
+
+
+FORMAT_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+
+
+@BUILT_IN.register("tags", runs_task_code=False)
+def tags(batch: RewardInputs) -> list[float]:
+    return [sum(response.count(tag) == 1 for tag in FORMAT_TAGS) / len(FORMAT_TAGS) for response in batch.responses]
 
 
 @BUILT_IN.register("length", runs_task_code=False)

@@ -15,7 +15,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from tasks.algos.tokens import token_logprobs
 from tasks.common.distributed import is_sharded
-from tasks.data.prompts import PromptFormat, finished_response_ids
+from tasks.data.prompts import PromptFormat
 
 
 @dataclass
@@ -161,5 +161,5 @@ def pack_text(
 ) -> PackedBatch:
     """Tokenise (prompt, response) texts as a finished response (it ends with end-of-sequence), each prompt as
     ``prompt_format`` gives it to the model."""
-    response_ids = [finished_response_ids(tokenizer, r) for r in responses]
+    response_ids = [prompt_format.response_ids(tokenizer, r) for r in responses]
     return pack(prompt_format.encode(tokenizer, prompts), response_ids, tokenizer.pad_token_id)

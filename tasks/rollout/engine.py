@@ -7,7 +7,7 @@ a trainer can measure how far the engine's numbers drift from its own, and takes
 trainer's weights in place after each policy update.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from transformers import PreTrainedModel
@@ -63,6 +63,14 @@ class Completion:
         return None if self.episode is None else self.episode.env_reward
 
 
+def opened_responses(prompt_format: PromptFormat, completions: list[Completion]) -> list[Completion]:
+    """``completions`` of prompts ``prompt_format`` encoded, each text with the response prefix the prompt ended
+    with in front: the whole response, as verifiers and judges read it."""
+    if not prompt_format.response_prefix:
+        return completions
+    return [replace(c, text=prompt_format.response_text(c.text)) for c in completions]
+
+
 def truncated_rate(completions: list[Completion]) -> float:
     """The share of ``completions`` cut off at ``max_new_tokens`` before their stop token."""
     return sum(c.truncated for c in completions) / len(completions)
@@ -74,7 +82,8 @@ class RolloutEngine(Protocol):
     stop_ids: list[int]  # the tokens that end a response
 
     def generate(self, prompts: list[str], sampling: Sampling) -> list[Completion]:
-        """Completions grouped by prompt: the n of prompt 0, then the n of prompt 1, ..."""
+        """Completions grouped by prompt: the n of prompt 0, then the n of prompt 1, ...; each text opens with
+        ``prompt_format``'s response prefix (``opened_responses``)."""
         ...
 
     def generate_ids(self, prompt_ids: list[list[int]], sampling: Sampling) -> list[Completion]:

@@ -23,6 +23,7 @@ from tasks.common.config import AgentConfig, Params
 from tasks.data.environments import EnvironmentHost, HostedEnvironment, is_agent_task
 from tasks.data.observations import ObservationFormat
 from tasks.data.problems import Example, TaskError
+from tasks.data.prompts import PromptFormat
 from tasks.rollout.engine import Completion, EpisodeStats, RolloutEngine, Sampling
 
 
@@ -135,11 +136,13 @@ def run_episodes(
             engine.tokenizer, engine.prompt_format.uses_template(engine.tokenizer), engine.stop_ids
         )
     )
-    n = sampling.n
+    n, interactive = sampling.n, is_agent_task(task_module)
     with EnvironmentHost(task_module, tool_timeout_seconds, tool_output_chars) as host:
         runs = [_Running(i // n, host.environment(i)) for i in range(len(examples) * n)]
         prompts = _opened_prompts(examples, [run.environment.reset(examples[run.prompt_index]) for run in runs], n)
-        prompt_ids = engine.prompt_format.encode(engine.tokenizer, prompts)
+        # a response prefix opens a single-turn task's response; an agent's episode opens its turns itself
+        prompt_format = engine.prompt_format.multi_turn() if interactive else engine.prompt_format
+        prompt_ids = prompt_format.encode(engine.tokenizer, prompts)
         if (longest := max(map(len, prompt_ids), default=0)) >= max_total_tokens:
             raise TaskError(
                 f"agent.max_total_tokens: an episode of at most {max_total_tokens} tokens (the model's context length "
@@ -165,14 +168,13 @@ def run_episodes(
                 contexts = [run.token_ids for run in live]
                 completions = engine.generate_ids(contexts, replace(sampling, n=1, max_new_tokens=limit))
             for run, completion in zip(live, completions, strict=True):
-                _play(run, completion, engine, observations, turn == max_turns, max_total_tokens)
+                _play(run, completion, engine, prompt_format, observations, turn == max_turns, max_total_tokens)
     if runs and all(run.environment.failure for run in runs):
         failures = list(dict.fromkeys(run.environment.failure for run in runs))
         raise TaskError(
             f"every one of {len(runs)} episodes failed on {task_module.__name__}.environment(): "
             + "; ".join(failures[:3])
         )
-    interactive = is_agent_task(task_module)
     return [run.episode(interactive) for run in runs]
 
 
@@ -195,16 +197,19 @@ def _play(
     run: _Running,
     completion: Completion,
     engine: RolloutEngine,
+    prompt_format: PromptFormat,
     observations: Callable[[], ObservationFormat],
     last_turn: bool,
     max_total_tokens: int,
 ) -> None:
-    """One model turn of ``run``: its sampled ids appended as they came, then the environment's answer."""
+    """One model turn of ``run``: its sampled ids appended as they came, then the environment's answer. The turn's
+    text opens with ``prompt_format``'s response prefix, which the prompt ended with."""
     budget = max_total_tokens - len(run.token_ids)
     ids, logprobs, text = completion.token_ids, completion.logprobs, completion.text
     if len(ids) > budget:
         ids, logprobs = ids[:budget], logprobs[:budget]
         text = engine.tokenizer.decode(ids, skip_special_tokens=True)
+    text = prompt_format.response_text(text)
     run.extend(ids, logprobs)
     run.turns += 1
     run.final_text = text

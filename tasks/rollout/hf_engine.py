@@ -15,7 +15,7 @@ from tasks.data.problems import Example
 from tasks.data.prompts import PromptFormat, stop_token_ids
 from tasks.kinds import prompt_limit_key
 from tasks.rollout.decoding import CompiledDecoder, CompiledSteps, EagerDecoder, compiled_decoding
-from tasks.rollout.engine import Completion, Sampling
+from tasks.rollout.engine import Completion, Sampling, opened_responses
 
 
 class HFEngine:
@@ -48,7 +48,8 @@ class HFEngine:
             self.model.load_state_dict(model.state_dict())
 
     def generate(self, prompts: list[str], sampling: Sampling) -> list[Completion]:
-        return self.generate_ids(self.prompt_format.encode(self.tokenizer, prompts), sampling)
+        completions = self.generate_ids(self.prompt_format.encode(self.tokenizer, prompts), sampling)
+        return opened_responses(self.prompt_format, completions)
 
     @torch.no_grad()
     def generate_ids(self, prompt_ids: list[list[int]], sampling: Sampling) -> list[Completion]:

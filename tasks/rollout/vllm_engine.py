@@ -35,7 +35,7 @@ from models import load_tokenizer
 from models.trainable import merged_state_dict
 from tasks.common.config import VLLMConfig
 from tasks.data.prompts import PromptFormat, stop_token_ids
-from tasks.rollout.engine import Completion, Sampling
+from tasks.rollout.engine import Completion, Sampling, opened_responses
 
 
 class VLLMEngine:
@@ -93,7 +93,7 @@ class VLLMEngine:
                 self.llm.sleep(level=1)
 
     def generate(self, prompts: list[str], sampling: Sampling) -> list[Completion]:
-        return self.generate_ids(self._prompt_ids(prompts), sampling)
+        return opened_responses(self.prompt_format, self.generate_ids(self._prompt_ids(prompts), sampling))
 
     def generate_ids(self, prompt_ids: list[list[int]], sampling: Sampling) -> list[Completion]:
         from vllm import SamplingParams

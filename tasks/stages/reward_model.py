@@ -50,7 +50,6 @@ from tasks.rl.reward_kinds import (
     implicit_reference,
     pack_scored,
 )
-from tasks.rl.sequences import finished_response_ids
 
 
 def scoring_rule(params: Params, cfg: RewardModelConfig) -> Scoring:
@@ -126,11 +125,11 @@ def _train_member_rank(
 
     def step_metrics(step: int) -> dict[str, torch.Tensor]:
         whole = [pairs[i] for i in epoch_batch(len(pairs), cfg.batch_size, step, seed)]
-        chosen_ids = [finished_response_ids(tokenizer, p.chosen) for p in whole]  # the whole batch's, once
+        chosen_ids = [prompt_format.response_ids(tokenizer, p.chosen) for p in whole]  # the whole batch's, once
         share = rank.slice(cfg.batch_size)
         batch = whole[share]
         prompts = prompt_format.encode(tokenizer, [p.prompt for p in batch]) * 2
-        finished = chosen_ids[share] + [finished_response_ids(tokenizer, p.rejected) for p in batch]
+        finished = chosen_ids[share] + [prompt_format.response_ids(tokenizer, p.rejected) for p in batch]
         packed, mask = pack_scored(tokenizer, scoring, prompts, finished)
         scores, lm_logprobs = replica(packed.to(device), mask.to(device))
         chosen, rejected = scores[: len(batch)], scores[len(batch) :]

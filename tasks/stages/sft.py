@@ -24,8 +24,8 @@ from tasks.common.registry import StageRun
 from tasks.common.training import Checkpointer, epoch_batch, fit, make_deterministic, rank_live, save_trained
 from tasks.data.datasets import DatasetError, read_examples, warn_unknown_characters
 from tasks.data.observations import ObservationFormat
-from tasks.data.problems import Example, trace_turns
-from tasks.data.prompts import PromptFormat, finished_response_ids
+from tasks.data.problems import Example, is_trace, trace_turns
+from tasks.data.prompts import PromptFormat
 
 
 class SFTBatches:
@@ -43,13 +43,14 @@ class SFTBatches:
         section: str,
     ):
         self.sequences: list[tuple[list[int], list[int]]] = []  # (token ids, loss mask: 1 on the model's turns)
-        prompts = prompt_format.encode(tokenizer, [example.prompt for example in examples])
         observations = ObservationFormat(tokenizer, prompt_format.uses_template(tokenizer), [tokenizer.eos_token_id])
-        for row, (example, prompt) in enumerate(zip(examples, prompts, strict=True), start=1):
+        for row, example in enumerate(examples, start=1):
+            form = prompt_format.multi_turn() if is_trace(example) else prompt_format
+            prompt = form.encode(tokenizer, [example.prompt])[0]
             ids, mask = list(prompt), [0] * len(prompt)
             for role, text in trace_turns(example):
                 # the model's turns are trained, ended as it ends them; what the tools or the world said is context
-                turn = finished_response_ids(tokenizer, text) if role == "assistant" else observations.encode(text)
+                turn = form.response_ids(tokenizer, text) if role == "assistant" else observations.encode(text)
                 ids, mask = ids + turn, mask + [int(role == "assistant")] * len(turn)
             too_long = [
                 f"{what} is {length} tokens, over {section}.{limit}={getattr(cfg, limit)}"

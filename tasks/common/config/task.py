@@ -87,3 +87,10 @@ class TaskConfig:
     system_prompt: str | None = param(
         None, "The system message before each prompt, with a chat template; null keeps the template's own default."
     )
+    response_prefix: str = param(
+        "",
+        "Text that opens every response, written at the end of the prompt for the model to continue (R1-Zero's "
+        "'<think>': a base model that never starts the format is started in it); verifiers, judges and the data "
+        "read each response with it in front, so worked solutions must start with it. Single-turn tasks only: an "
+        "agent's episode opens its turns itself.",
+    )

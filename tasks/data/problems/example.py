@@ -30,6 +30,11 @@ class Example:
 TRACE_ROLES = ("assistant", "tool", "user")  # the model's turns, and what a tool or the world answered
 
 
+def is_trace(example: Example) -> bool:
+    """Whether ``example``'s worked response is an agent task's trace of several turns (``trace_turns``)."""
+    return example.meta.get("turns") is not None
+
+
 def trace_turns(example: Example) -> list[tuple[str, str]]:
     """The worked response as (role, text) turns after the prompt: an agent task's trace (``meta["turns"]``: the
     model's turns, tool calls included, and the tool's or the world's replies, ending on the model's final turn,
