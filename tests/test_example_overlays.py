@@ -14,6 +14,7 @@ PIPELINES_OF = {
     "examples/tiny.args": EVERY_PIPELINE,
     "examples/smollm2.args": EVERY_PIPELINE,
     "examples/reasoning_gym/smollm2.args": ("r1", "r1_zero"),
+    "examples/smollm2_r1_zero.args": ("r1_zero",),
     "examples/calculator/smollm2.args": ("agent",),
     "examples/guess_number/game.args": ("agent",),
     "examples/shop/tiny.args": ("agent",),
