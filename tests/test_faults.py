@@ -227,6 +227,22 @@ def test_a_reward_failing_on_most_responses_warns_in_the_stage_log(project, caps
     assert "WARNING reward 'failing_reward:f' failed on 32 of 32 responses (ValueError: schema changed)" in out
 
 
+@pytest.mark.parametrize("dynamic_sampling", [False, True])
+def test_iterations_with_nothing_to_learn_from_warn_in_the_stage_log(project, capsys, dynamic_sampling):
+    """R1-Zero from a base that is never right, or a reward that scores every sample alike, showed only in the
+    accuracy and zero_variance_groups metrics (and, under dynamic sampling that kept no group, in nothing)."""
+    Path("constant_reward.py").write_text("def zero(batch):\n    return [0.0] * len(batch.responses)\n")
+    rewards = "grpo.rewards={constant_reward:zero: 1}"
+    sampling = [f"grpo.dynamic_sampling={str(dynamic_sampling).lower()}", "grpo.max_sampling_rounds=1"]
+    assert main(["stage", "grpo_zero", "grpo.steps=5", rewards, *sampling]) == 0
+    out = capsys.readouterr().out
+    assert "WARNING grpo_zero step 5: every group's samples scored alike in the last 5 iterations" in out
+    # a round that kept no group has no rollout to take the accuracy of
+    never_right = "WARNING grpo_zero step 5: no sampled response was right in the last 5 iterations (accuracy 0)"
+    assert (never_right in out) is not dynamic_sampling
+    assert "step 4:" not in out  # not before five iterations have shown it
+
+
 def test_an_empty_params_file_is_refused(project, capsys):
     """Defect 11: an empty params.yaml ran the built-in defaults under `alignflow stage` without a word."""
     Path("params.yaml").write_text("")

@@ -316,6 +316,21 @@ def test_alarms_flag_kl_runaway_entropy_collapse_and_reward_hacking():
     assert any("reward hacking" in alarm for alarm in alarms(_history([0.01 * i for i in range(20)], falling), cfg))
 
 
+def test_alarms_flag_iterations_with_nothing_to_learn_from():
+    cfg = RLConfig()
+    never_right = [(0, {"guard/score": 0.0})] + [(i, {"reward": 0.5, "accuracy": 0.0}) for i in range(1, 6)]
+    assert alarms(never_right[:-1], cfg) == []  # four iterations (the start's probe is none)
+    assert [alarm.split(" (")[0] for alarm in alarms(never_right, cfg)] == [
+        "no sampled response was right in the last 5 iterations"
+    ]
+    once_right = never_right[:3] + [(3, {"accuracy": 1 / 128})] + never_right[4:]
+    assert alarms(once_right, cfg) == []
+    # dynamic sampling that kept no group logs no accuracy, only the rounds' share of zero-variance groups
+    all_alike = [(i, {"zero_variance_groups": 1.0, "sampling_rounds": 3.0}) for i in range(1, 6)]
+    assert alarms(all_alike, cfg)[0].startswith("every group's samples scored alike in the last 5 iterations")
+    assert alarms(all_alike[:-1] + [(5, {"zero_variance_groups": 0.9})], cfg) == []
+
+
 @pytest.mark.parametrize("schedule, expected", [("constant", [0.0, 1.0, 1.0, 1.0]), ("cosine", [0.0, 1.0, 0.5, 0.0])])
 def test_the_actor_learning_rate_warms_up_then_follows_its_schedule(model_dir, schedule, expected):
     """Multiples of actor_lr at iterations 0, 1 (warm-up done), 3 (half-way) and 5 (the last of 5)."""

@@ -77,6 +77,7 @@ from tasks.rollout.engine import Completion, Sampling, truncated_rate
 # Rewards beyond this are a bug in a reward function, not a signal: normalising them would overflow.
 REWARD_LIMIT = 1e6
 HACKING_WINDOW = 10  # iterations compared when looking for reward up while gold reward goes down
+SIGNAL_WINDOW = 5  # iterations without a right sample, or without a group whose rewards differ, before a warning
 HELDOUT = "heldout/gold_reward"  # the policy's gold reward on a fixed held-out slice, every heldout_every iterations
 
 
@@ -196,9 +197,21 @@ def episode_metrics(completions: list[Completion]) -> dict[str, float]:
 
 
 def alarms(history: list[tuple[int, dict[str, float]]], cfg: RLConfig) -> list[str]:
-    """What looks wrong at the latest iteration: KL running away, entropy collapsing, reward hacking."""
+    """What looks wrong at the latest iteration: KL running away, entropy collapsing, reward hacking, nothing to
+    learn from (no right sample, or no group whose rewards differ, for ``SIGNAL_WINDOW`` iterations)."""
     latest = history[-1][1]
     found = []
+    window = [metrics for _, metrics in history[-SIGNAL_WINDOW:]]
+    if len(window) == SIGNAL_WINDOW and all(metrics.get("accuracy") == 0.0 for metrics in window):
+        found.append(
+            f"no sampled response was right in the last {SIGNAL_WINDOW} iterations (accuracy 0): only the rewards "
+            "that do not grade correctness are teaching"
+        )
+    if len(window) == SIGNAL_WINDOW and all(metrics.get("zero_variance_groups") == 1.0 for metrics in window):
+        found.append(
+            f"every group's samples scored alike in the last {SIGNAL_WINDOW} iterations (zero_variance_groups 1): "
+            "every advantage is 0 and the policy is not learning"
+        )
     if latest.get("kl", 0.0) > cfg.kl_budget:
         found.append(f"KL to the reference {latest['kl']:.2f} is over kl_budget={cfg.kl_budget}")
     if latest.get("entropy", cfg.entropy_floor) < cfg.entropy_floor:  # an update that had no pairs logs none
@@ -356,7 +369,7 @@ def train(
                 updates.add(trained, clock["time/train"])
                 timings[-1]["update_mfu"] = mfu(parameters, trained, clock["time/train"], threads, workers)
             progress.set_postfix(reward=logged.get("reward"), gold=logged.get("gold_reward"))
-            if rollout is not None:
+            if rollout is not None or "zero_variance_groups" in metrics:  # a round that kept no group says so
                 for alarm in alarms(state.history, cfg):
                     if alarm.split()[0] not in raised:
                         progress.write(f"WARNING {stage} step {state.step}: {alarm}")
