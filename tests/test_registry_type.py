@@ -70,7 +70,7 @@ def test_an_entry_survives_pickling_as_ray_hands_it_to_a_worker():
         (core_algos.KL_ESTIMATORS, {"k1", "k2", "k3"}),
         (preference_losses.PREFERENCE_LOSSES, {"dpo", "cdpo", "ipo", "hinge", "simpo", "orpo"}),
         (distill_losses.DISTILL_LOSSES, {"reverse_kl", "gkd"}),
-        (rewards.BUILT_IN, {"accuracy", "correct", "format", "tags", "length", "overlong", "environment"}),
+        (rewards.BUILT_IN, {"accuracy", "correct", "format", "tags", "digits", "length", "overlong", "environment"}),
     ],
 )
 def test_every_registry_is_one_of_these(registry, names):

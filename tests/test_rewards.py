@@ -4,9 +4,11 @@ import multiprocessing
 from dataclasses import replace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tasks.data.problems import Example
-from tasks.rl.rewards import RewardInputs, RewardScorer, resolve
+from tasks.rl.rewards import RewardInputs, RewardScorer, digit_credit, resolve
 
 EXAMPLE = Example("arithmetic", "12+30=", "42", "<think>2+0+0=2,1+3+0=4</think><answer>42</answer>")
 RESPONSES = [EXAMPLE.solution, "<think>2+0+0=2,1+3+0=5</think><answer>52</answer>", "42", "<think>"]
@@ -82,6 +84,34 @@ def test_the_tags_reward_pays_a_quarter_for_each_of_the_formats_tags_written_exa
         total, parts, _ = scorer.score(batch)
     assert parts["tags"].tolist() == [1.0, 0.5, 0.0, 0.5, 0.0]
     assert total.tolist() == parts["tags"].tolist()
+
+
+def _answer(text: str) -> str:
+    return f"<think>columns</think><answer>{text}</answer>"
+
+
+def test_the_digits_reward_credits_each_place_of_an_integer_answer_from_the_units():
+    example = Example("arithmetic", "61+68=", "129", "<think>1+8+0=9,6+6+0=12</think><answer>129</answer>")
+    responses = [_answer("129"), _answer("139"), _answer("43"), _answer("1290"), _answer("-129"), _answer(" 29 ")]
+    responses += ["<think>61+68=129</think> 129", _answer("12a")]
+    countdown = Example("countdown", "Use 3 5 to make 8", "3+5", "<think>3+5=8</think><answer>3+5</answer>")
+    examples = [example] * len(responses) + [countdown]
+    batch = RewardInputs(examples, [*responses, _answer("3+5")], [9] * len(examples), [False] * len(examples), 40)
+    with RewardScorer({"digits": 1.0}, timeout_seconds=60) as scorer:
+        _, parts, failures = scorer.score(batch)
+    assert parts["digits"].tolist() == pytest.approx([1.0, 2 / 3, 0.0, 0.0, 0.75, 2 / 3, 0.0, 0.0, 0.0])
+    # a task whose answers are not integers is not one the reward applies to: an error, counted, never a silent 0
+    assert failures["errors/digits"] == 1
+
+
+@given(st.integers(-(10**6), 10**6), st.integers(-(10**6), 10**6))
+def test_the_digits_reward_is_a_share_and_1_only_for_the_right_answer(reference, answer):
+    credit = digit_credit(str(reference), _answer(str(answer)))
+    assert 0.0 <= credit <= 1.0
+    assert (credit == 1.0) == (reference == answer)
+    # each place counts the same: the units digit alone right is one place of the wider number's
+    width = max(len(str(reference)), len(str(answer)))
+    assert credit * width == pytest.approx(round(credit * width))
 
 
 def test_the_arithmetic_rewards_run_in_the_stages_process_and_the_environments_reward_is_passed_on_as_it_is():

@@ -21,6 +21,9 @@ the project directory or an installed package), next to the built-ins:
 - ``tags``: the share of the format's four tags (``<think>``, ``</think>``, ``<answer>``, ``</answer>``) the
   response holds exactly once, a shaping reward for a model that rarely writes the whole format (R1-Zero from a
   small base model) where ``format`` pays nothing to learn from;
+- ``digits``: for a task whose answers are integers, the share of the answer's places (aligned from the units)
+  where the response's answer has the right digit: part credit for a model that is never right yet (R1-Zero on
+  arithmetic from a small base model), 1 for the right answer;
 - ``length``: 1 − tokens / max_new_tokens, a push towards shorter reasoning;
 - ``overlong``: DAPO's soft overlong punishment, 0 down to −1 over the last ``overlong_buffer`` tokens;
 - ``environment``: an episode's environment reward (0 for a single-turn response).
@@ -39,6 +42,7 @@ A bad reward function never stops training; a reward that is not finite, or beyo
 import importlib
 import math
 import numbers
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -48,7 +52,7 @@ from tasks.common.config.rl import REWARD_MODEL
 from tasks.common.project_path import project_first_on_path
 from tasks.common.registry_type import Registry
 from tasks.common.sandbox import Sandbox, SandboxDied
-from tasks.data.problems import Example, score_credit, score_response
+from tasks.data.problems import Example, parse_response, score_credit, score_response
 from tasks.rl.core_algos import overlong_penalty
 
 
@@ -111,11 +115,32 @@ def format_reward(batch: RewardInputs) -> list[float]:
 
 
 FORMAT_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+_INTEGER = re.compile(r"-?\d+")
 
 
 @BUILT_IN.register("tags", runs_task_code=False)
 def tags(batch: RewardInputs) -> list[float]:
     return [sum(response.count(tag) == 1 for tag in FORMAT_TAGS) / len(FORMAT_TAGS) for response in batch.responses]
+
+
+@BUILT_IN.register("digits", grades_correctness=True)
+def digits(batch: RewardInputs) -> list[float]:
+    graded = zip(batch.examples, batch.responses, strict=True)
+    return [digit_credit(example.answer, response) for example, response in graded]
+
+
+def digit_credit(reference: str, response: str) -> float:
+    """The share of places, aligned from the units, where a formatted response's integer answer has the reference's
+    digit (or sign): 1 for the right answer, 2/3 for 139 against 129, 0 for 43 or 1290; 0 unformatted or not an
+    integer. A ValueError for a reference that is not an integer: the reward does not apply to that task."""
+    if _INTEGER.fullmatch(reference) is None:
+        raise ValueError(f"digits: the reference answer {reference!r} is not an integer")
+    parsed = parse_response(response)
+    if parsed is None or _INTEGER.fullmatch(parsed.answer) is None:
+        return 0.0
+    width = max(len(reference), len(parsed.answer))
+    places = zip(reference.rjust(width), parsed.answer.rjust(width), strict=True)
+    return sum(ours == theirs for ours, theirs in places) / width
 
 
 @BUILT_IN.register("length", runs_task_code=False)
