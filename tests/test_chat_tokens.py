@@ -184,6 +184,19 @@ def test_a_response_prefix_ends_the_prompt_and_opens_every_response_once(bpe_mod
     assert opened.multi_turn() == PromptFormat("always", "Add.")
 
 
+def test_each_example_is_encoded_in_its_own_format_in_order(bpe_model):
+    """Agent traces open their turns themselves (no response prefix), other prompts end with it; mixed, every row
+    keeps its place and its format."""
+    tokenizer = load_tokenizer(bpe_model)
+    opened = PromptFormat("always", "Add.", "<think>")
+    trace = Example("calculator", "3+4=", "7", "", meta={"turns": [["assistant", "<answer>7</answer>"]]})
+    rows = [Example("arithmetic", "12+34=", "46", ""), trace, Example("arithmetic", "5+6=", "11", ""), trace]
+    assert [opened.for_example(row) for row in rows] == [opened, opened.multi_turn()] * 2
+    expected = [opened.for_example(row).encode(tokenizer, [row.prompt])[0] for row in rows]
+    assert opened.encode_examples(tokenizer, rows) == expected
+    assert expected[0] != expected[2] and expected[1] != opened.encode(tokenizer, ["3+4="])[0]
+
+
 def test_a_worked_solution_without_the_response_prefix_is_refused_naming_its_row(bpe_model):
     from tasks.data.datasets import DatasetError, check_prompt_lengths
 

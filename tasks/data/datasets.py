@@ -25,7 +25,6 @@ from tasks.data.problems import (
     difficulty_label,
     grades_episodes,
     has_verifier,
-    is_trace,
     score_response,
     task_module,
     trace_turns,
@@ -198,8 +197,7 @@ def check_prompt_lengths(
     limit, why = max_prompt_length, f"sft.max_prompt_length={max_prompt_length}"
     if positions - count < limit:
         limit, why = positions - count, f"the model's {positions} positions less {key}={count}"
-    # a response prefix opens a single-turn response; an agent task's trace opens its turns itself
-    formats = [prompt_format.multi_turn() if is_trace(e) else prompt_format for e in examples]
+    formats = [prompt_format.for_example(e) for e in examples]
     for line, (example, form) in enumerate(zip(examples, formats, strict=True), start=1):
         if token := prompt_format.control_token_in(tokenizer, example.prompt):
             raise DatasetError(f"{source}:{line}: the prompt holds {token!r}, a control token of the model's tokenizer")
@@ -208,7 +206,7 @@ def check_prompt_lengths(
                 f"{source}:{line}: the worked solution does not start with task.response_prefix "
                 f"{form.response_prefix!r}, which the prompt ends with: {example.solution[:60]!r}"
             )
-    lengths = [len(form.encode(tokenizer, [e.prompt])[0]) for e, form in zip(examples, formats, strict=True)]
+    lengths = [len(ids) for ids in prompt_format.encode_examples(tokenizer, examples)]
     system = prompt_format.system_prompt
     for line, length in enumerate(lengths, start=1):
         if length > limit:

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tasks.data.problems.example import Example, is_trace
+
 
 class PromptFormatError(ValueError):
     """A prompt format the tokenizer cannot give (a chat template required and absent)."""
@@ -72,6 +74,20 @@ class PromptFormat:
         """The format of an episode of several model turns (an agent task's): without the response prefix, which
         opens a single-turn response; an episode's turns open as the model opens them."""
         return PromptFormat(self.chat_template, self.system_prompt)
+
+    def for_example(self, example: Example) -> "PromptFormat":
+        """The format ``example``'s prompt is asked in: an agent task's trace opens its turns itself (``multi_turn``),
+        any other response follows the prefix."""
+        return self.multi_turn() if is_trace(example) else self
+
+    def encode_examples(self, tokenizer: Any, examples: Sequence[Example]) -> list[list[int]]:
+        """``encode`` of each example's prompt in its own format (``for_example``), one tokenizer call per format."""
+        ids: list[list[int]] = [[] for _ in examples]
+        for form in {self.for_example(example) for example in examples}:
+            rows = [row for row, example in enumerate(examples) if self.for_example(example) == form]
+            for row, encoded in zip(rows, form.encode(tokenizer, [examples[row].prompt for row in rows]), strict=True):
+                ids[row] = encoded
+        return ids
 
     def response_text(self, generated: str) -> str:
         """The whole response to an encoded prompt whose model wrote ``generated``: the prefix, then it."""

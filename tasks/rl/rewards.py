@@ -42,7 +42,6 @@ A bad reward function never stops training; a reward that is not finite, or beyo
 import importlib
 import math
 import numbers
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -52,7 +51,7 @@ from tasks.common.config.rl import REWARD_MODEL
 from tasks.common.project_path import project_first_on_path
 from tasks.common.registry_type import Registry
 from tasks.common.sandbox import Sandbox, SandboxDied
-from tasks.data.problems import Example, parse_response, score_credit, score_response
+from tasks.data.problems import Example, is_integer, parse_response, score_credit, score_response
 from tasks.rl.core_algos import overlong_penalty
 
 
@@ -115,7 +114,6 @@ def format_reward(batch: RewardInputs) -> list[float]:
 
 
 FORMAT_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
-_INTEGER = re.compile(r"-?\d+")
 
 
 @BUILT_IN.register("tags", runs_task_code=False)
@@ -133,10 +131,10 @@ def digit_credit(reference: str, response: str) -> float:
     """The share of places, aligned from the units, where a formatted response's integer answer has the reference's
     digit (or sign): 1 for the right answer, 2/3 for 139 against 129, 0 for 43 or 1290; 0 unformatted or not an
     integer. A ValueError for a reference that is not an integer: the reward does not apply to that task."""
-    if _INTEGER.fullmatch(reference) is None:
+    if not is_integer(reference):
         raise ValueError(f"digits: the reference answer {reference!r} is not an integer")
     parsed = parse_response(response)
-    if parsed is None or _INTEGER.fullmatch(parsed.answer) is None:
+    if parsed is None or not is_integer(parsed.answer):
         return 0.0
     width = max(len(reference), len(parsed.answer))
     places = zip(reference.rjust(width), parsed.answer.rjust(width), strict=True)

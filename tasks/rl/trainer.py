@@ -369,11 +369,10 @@ def train(
                 updates.add(trained, clock["time/train"])
                 timings[-1]["update_mfu"] = mfu(parameters, trained, clock["time/train"], threads, workers)
             progress.set_postfix(reward=logged.get("reward"), gold=logged.get("gold_reward"))
-            if rollout is not None or "zero_variance_groups" in metrics:  # a round that kept no group says so
-                for alarm in alarms(state.history, cfg):
-                    if alarm.split()[0] not in raised:
-                        progress.write(f"WARNING {stage} step {state.step}: {alarm}")
-                    raised.add(alarm.split()[0])
+            for alarm in alarms(state.history, cfg):
+                if alarm.split()[0] not in raised:
+                    progress.write(f"WARNING {stage} step {state.step}: {alarm}")
+                raised.add(alarm.split()[0])
             if over_budget:
                 kl = metrics["kl"]
                 progress.write(f"{stage} step {state.step}: KL {kl:.3f} passed kl_budget={cfg.kl_budget}: stop")

@@ -24,7 +24,7 @@ from tasks.common.registry import StageRun
 from tasks.common.training import Checkpointer, epoch_batch, fit, make_deterministic, rank_live, save_trained
 from tasks.data.datasets import DatasetError, read_examples, warn_unknown_characters
 from tasks.data.observations import ObservationFormat
-from tasks.data.problems import Example, is_trace, trace_turns
+from tasks.data.problems import Example, trace_turns
 from tasks.data.prompts import PromptFormat
 
 
@@ -44,9 +44,9 @@ class SFTBatches:
     ):
         self.sequences: list[tuple[list[int], list[int]]] = []  # (token ids, loss mask: 1 on the model's turns)
         observations = ObservationFormat(tokenizer, prompt_format.uses_template(tokenizer), [tokenizer.eos_token_id])
-        for row, example in enumerate(examples, start=1):
-            form = prompt_format.multi_turn() if is_trace(example) else prompt_format
-            prompt = form.encode(tokenizer, [example.prompt])[0]
+        prompts = prompt_format.encode_examples(tokenizer, examples)
+        for row, (example, prompt) in enumerate(zip(examples, prompts, strict=True), start=1):
+            form = prompt_format.for_example(example)
             ids, mask = list(prompt), [0] * len(prompt)
             for role, text in trace_turns(example):
                 # the model's turns are trained, ended as it ends them; what the tools or the world said is context

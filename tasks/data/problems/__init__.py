@@ -34,7 +34,7 @@ import numpy
 
 from tasks.common.project_path import project_first_on_path
 from tasks.data.problems import arithmetic, countdown, reasoning_gym_family, textarena_family
-from tasks.data.problems.example import Example, is_trace, parse_response, trace_turns
+from tasks.data.problems.example import Example, is_integer, is_trace, parse_response, trace_turns
 
 # Imported here, not by name: dvc.yaml's code deps are read from the imports, and a verifier is every stage's code.
 BUILT_IN: dict[str, ModuleType] = {
@@ -53,6 +53,7 @@ __all__ = [
     "difficulty_label",
     "grades_episodes",
     "has_verifier",
+    "is_integer",
     "is_trace",
     "parse_response",
     "score_credit",

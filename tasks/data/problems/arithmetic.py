@@ -12,9 +12,7 @@ operation mix (borrows and multiplication carries are harder than addition).
 import random
 import re
 
-from tasks.data.problems.example import Example, format_solution, tagged_score
-
-_INTEGER = re.compile(r"-?\d+")
+from tasks.data.problems.example import Example, format_solution, is_integer, tagged_score
 
 
 def _addition(a: int, b: int) -> list[str]:
@@ -75,7 +73,7 @@ def score(example: Example, response: str) -> tuple[bool, bool]:
 
 
 def is_correct(example: Example, answer_text: str) -> bool:
-    return _INTEGER.fullmatch(answer_text) is not None and int(answer_text) == int(example.answer)
+    return is_integer(answer_text) and int(answer_text) == int(example.answer)
 
 
 _PROMPT = re.compile(r"(\d+)([-+*])(\d+)=")

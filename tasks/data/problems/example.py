@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
 _RESPONSE = re.compile(r"<think>(.*?)</think><answer>(.*?)</answer>", re.DOTALL)
+_INTEGER = re.compile(r"-?\d+")
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,11 @@ class Example:
 
 
 TRACE_ROLES = ("assistant", "tool", "user")  # the model's turns, and what a tool or the world answered
+
+
+def is_integer(text: str) -> bool:
+    """Whether ``text`` is an integer as a model writes one: digits, a minus sign in front or none."""
+    return _INTEGER.fullmatch(text) is not None
 
 
 def is_trace(example: Example) -> bool:
