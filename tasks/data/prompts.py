@@ -83,8 +83,9 @@ class PromptFormat:
     def encode_examples(self, tokenizer: Any, examples: Sequence[Example]) -> list[list[int]]:
         """``encode`` of each example's prompt in its own format (``for_example``), one tokenizer call per format."""
         ids: list[list[int]] = [[] for _ in examples]
-        for form in {self.for_example(example) for example in examples}:
-            rows = [row for row, example in enumerate(examples) if self.for_example(example) == form]
+        forms = [self.for_example(example) for example in examples]
+        for form in set(forms):
+            rows = [row for row, its_form in enumerate(forms) if its_form == form]
             for row, encoded in zip(rows, form.encode(tokenizer, [examples[row].prompt for row in rows]), strict=True):
                 ids[row] = encoded
         return ids
