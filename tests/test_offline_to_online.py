@@ -70,7 +70,10 @@ def test_the_reported_preference_accuracy_is_the_dpo_models_implicit_reward_orde
 
 def test_dpo_killed_mid_run_resumes_to_identical_weights(o2o):
     output = resume_after_kill("dpo", o2o["path"])
-    assert "resuming from the checkpoint at step 4" in output
+    # The kill lands at the first checkpoint (step 4), or on a loaded machine at the next (the tiny steps are fast):
+    # either is mid-run, so the rerun resumes rather than starts again.
+    resumed = re.search(r"dpo: resuming from the checkpoint at step (\d+)", output)
+    assert resumed and int(resumed.group(1)) in (4, 8), output[-3000:]
     assert (o2o["path"] / "artifacts/dpo/model.safetensors").read_bytes() == o2o["weights"]
 
 
