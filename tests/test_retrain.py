@@ -70,12 +70,6 @@ def retrain(project: Path, env: dict, *overrides: str) -> dict:
     return json.loads(result.stdout[result.stdout.rindex("\n{\n") :])  # the decision, printed last
 
 
-def deployment_runs(env: dict, deployment: str) -> list[dict]:
-    """The flow runs of the deployment named ``deployment``, scheduled ones included."""
-    (found,) = [d for d in deployments(env) if d["name"] == deployment]
-    return api(env, "/flow_runs/filter", {"deployments": {"id": {"any_": [found["id"]]}}})
-
-
 def fired_run(project: Path, env: dict, log: Path, at: datetime) -> dict | None:
     """`alignflow serve` with sft's retrain on a cron that fires once, at ``at``: the run it started, once finished;
     None when serve registered the schedule too late for that minute (its first firing is then tomorrow)."""
@@ -83,12 +77,16 @@ def fired_run(project: Path, env: dict, log: Path, at: datetime) -> dict | None:
     OmegaConf.update(params, "runner.schedules", {"sft": f"{at.minute} {at.hour} * * *"}, merge=False)
     OmegaConf.save(params, project / "params.yaml")
     with serving(project, env, log):
+        (deployment,) = [d for d in deployments(env) if d["name"] == "retrain-sft"]
+
+        def deployment_runs() -> list[dict]:
+            return api(env, "/flow_runs/filter", {"deployments": {"id": {"any_": [deployment["id"]]}}})
 
         def fires_at() -> bool:
-            return at in [datetime.fromisoformat(r["expected_start_time"]) for r in deployment_runs(env, "retrain-sft")]
+            return at in [datetime.fromisoformat(r["expected_start_time"]) for r in deployment_runs()]
 
         def finished() -> bool:
-            states = [run["state"]["type"] for run in deployment_runs(env, "retrain-sft")]
+            states = [run["state"]["type"] for run in deployment_runs()]
             return any(state in ("COMPLETED", "FAILED", "CRASHED") for state in states)
 
         # The server schedules a new deployment's runs within seconds of its registration: a few past the minute.
@@ -97,7 +95,7 @@ def fired_run(project: Path, env: dict, log: Path, at: datetime) -> dict | None:
         if not fires_at():
             return None
         wait_until(finished, 600, "the scheduled retrain")
-        (run,) = [run for run in deployment_runs(env, "retrain-sft") if run["state"]["type"] != "SCHEDULED"]
+        (run,) = [run for run in deployment_runs() if run["state"]["type"] != "SCHEDULED"]
     return run
 
 
