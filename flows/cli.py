@@ -232,16 +232,54 @@ def _check_user_data(params: Any) -> None:
             read_shards(source, params.task.name, say_repeats=False)
 
 
-def _run_pipeline(args: argparse.Namespace) -> int | None:
-    import threading
+def _form_overrides(pipeline: str, params: Any, overrides: Sequence[str]) -> list[str]:
+    """The overrides the run form of ``pipeline`` holds; the others (another pipeline's params, a reward mix's
+    entries: an overlay such as examples/smollm2.args sets both) written into params.yaml now, as `repro` writes
+    them, so that a run gets the params `repro` would."""
+    if not overrides:
+        return []
+    from flows.overrides import dag_project, form_model, split_by_form
 
-    from flows.submit import run_served
+    held, others = split_by_form(form_model(pipeline, params, dag_project(Path.cwd())), overrides)
+    _stick("params.yaml", others)
+    return held
+
+
+def _run_pipeline(args: argparse.Namespace) -> int | None:
     from tasks.params.load import load_params
 
     params = load_params("params.yaml", args.overrides, runs=[args.pipeline])  # as `stage` says it, before Prefect
     _check_user_data(params)
+    before = Path("params.yaml").read_bytes()
+    held = _form_overrides(args.pipeline, params, args.overrides)
+    wrote_others = held != args.overrides
+    try:
+        status = _run_with_form(args.pipeline, held, params)
+    except BaseException as stopped:
+        if wrote_others and not isinstance(stopped, Exception):  # Ctrl-C, SIGTERM: not a failure, which keeps them
+            _write_back(before)
+        raise
+    if status == 130 and wrote_others:  # Ctrl-C of a run in `alignflow serve`
+        _write_back(before)
+    return status
+
+
+def _write_back(before: bytes) -> None:
+    """params.yaml's bytes as an interrupted run found them: the run restores what its form wrote, this what
+    `_form_overrides` wrote before it."""
+    from tasks.common.artifacts import atomic_output
+
+    with atomic_output(Path("params.yaml"), with_the_stage=False) as temporary:
+        temporary.write_bytes(before)
+
+
+def _run_with_form(pipeline: str, held: list[str], params: Any) -> int | None:
+    import threading
+
+    from flows.submit import run_served
+
     # An `alignflow serve` of this project runs it in its process, which has Prefect, DVC and torch imported already.
-    status = run_served(Path.cwd(), args.pipeline, args.overrides)
+    status = run_served(Path.cwd(), pipeline, held)
     if status is not None:
         return status
     from tasks.common.cluster import connect_ray
@@ -256,8 +294,9 @@ def _run_pipeline(args: argparse.Namespace) -> int | None:
     from flows.pipelines import FLOWS, FORMS
     from flows.report import render
 
-    report = FLOWS[args.pipeline](params=form_values(args.pipeline, FORMS[args.pipeline], args.overrides))
+    report = FLOWS[pipeline](params=form_values(pipeline, FORMS[pipeline], held))
     print(render(report))
+    return None
 
 
 def _repro_targets(target: str, params: Any) -> list[str]:
@@ -327,8 +366,9 @@ def _retrain(args: argparse.Namespace) -> None:
     # The gate's and the remote's keys are the retrain's own, not a stage's: params.yaml takes them (the run reads
     # them there), the run form the stages' keys.
     own = [o for o in args.overrides if o.partition("=")[0].strip().split(".")[0] in RETRAIN_OWN_SECTIONS]
-    form = form_values(args.pipeline, FORMS[args.pipeline], [o for o in args.overrides if o not in own])
     write_overrides(Path("params.yaml"), own)
+    held = _form_overrides(args.pipeline, params, [o for o in args.overrides if o not in own])
+    form = form_values(args.pipeline, FORMS[args.pipeline], held)
     connect_ray(params.runner)
     print(json.dumps(RETRAIN_FLOWS[args.pipeline](params=form), indent=2))
 

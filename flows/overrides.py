@@ -25,6 +25,7 @@ from flows.runner import read_dag
 from tasks.common.config import ConfigError, Params
 from tasks.common.config.fields import schema_fields
 from tasks.kinds import stage_kinds
+from tasks.params.load import REPLACED_BY_THE_FILE, overrides_in_order
 from tasks.pipelines import PIPELINES
 
 # Where work is placed (Ray addresses, resources, workers per role or stage) is the deployment's business, not a
@@ -54,6 +55,11 @@ def pipeline_keys(pipeline: str, params: Params, project: Path) -> list[str]:
         source = [f"{kind.section}.{kind.source}"] if kind is not None and kind.source is not None else []
         keys += [key for key in (*stage.params, *source) if key not in keys]
     return [key for key in keys if not any(key.startswith(f"{other}.") for other in keys)]
+
+
+def dag_project(here: Path) -> Path:
+    """The project whose dvc.yaml says which params each pipeline reads: ``here``'s, else this source tree's."""
+    return here if (here / "dvc.yaml").is_file() else Path(__file__).resolve().parents[1]
 
 
 def form_model(pipeline: str, params: Params, project: Path = Path(".")) -> type[BaseModel]:
@@ -164,11 +170,34 @@ def changed_overrides(values: BaseModel, params: Params) -> list[str]:
     return [f"{key}={json.dumps(value)}" for key, value in _leaves(values) if value != _current(params, key)]
 
 
+def split_by_form(form: type[BaseModel], overrides: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(the overrides ``form`` holds a field for, the others), each in the order given. The others are params of
+    stages the pipeline does not run (an overlay written for every pipeline sets them) and every override of a mix:
+    a reward new to it has no field, and a mix stated whole replaces the entries before it, which only params.yaml
+    can take (``write_overrides``)."""
+    held: list[str] = []
+    others: list[str] = []
+    for override in overrides:
+        key = override.partition("=")[0].strip()
+        in_a_mix = any(key == mix or key.startswith(f"{mix}.") for mix in REPLACED_BY_THE_FILE)
+        (held if not in_a_mix and _holds(form, key) else others).append(override)
+    return held, others
+
+
+def _holds(form: type[BaseModel], key: str) -> bool:
+    node: Any = form
+    for part in key.split("."):
+        if not (isinstance(node, type) and issubclass(node, BaseModel)) or part not in node.model_fields:
+            return False
+        node = node.model_fields[part].annotation
+    return not (isinstance(node, type) and issubclass(node, BaseModel))
+
+
 def form_values(pipeline: str, form: type[BaseModel], overrides: Sequence[str]) -> BaseModel:
     """The form of ``pipeline`` filled in from dotlist ``overrides`` (the rest at its defaults), as the CLI takes
     them; a key the form does not hold, or a value it refuses, is a ConfigError naming the key."""
     try:
-        return form.model_validate(OmegaConf.to_container(OmegaConf.from_dotlist(list(overrides))))
+        return form.model_validate(OmegaConf.to_container(overrides_in_order(overrides)))
     except ValidationError as error:
         errors = []
         for problem in error.errors():

@@ -30,7 +30,7 @@ from prefect.futures import PrefectFuture, wait
 from pydantic import BaseModel
 
 from flows import warm_runner
-from flows.overrides import changed_overrides, form_model
+from flows.overrides import changed_overrides, dag_project, form_model
 from flows.remote import push
 from flows.report import collect, markdown_table, stage_metrics
 from flows.runner import (
@@ -283,7 +283,7 @@ def _project() -> tuple[Params, Path]:
     here = Path.cwd()
     # the forms' defaults: each run validates its own pipeline (run_pipeline), not every pipeline's rules
     params = load_params(here / "params.yaml", runs=()) if (here / "params.yaml").is_file() else Params()
-    return params, here if (here / "dvc.yaml").is_file() else Path(__file__).resolve().parents[1]
+    return params, dag_project(here)
 
 
 class PerPipeline(Mapping[str, T]):

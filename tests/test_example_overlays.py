@@ -4,7 +4,9 @@
 import pytest
 
 from flows.cli import build_parser
+from flows.overrides import changed_overrides, form_model, form_values, split_by_form
 from tasks.params.load import load_params
+from tasks.params.write import write_overrides
 from tasks.pipelines import PIPELINES
 from tests.conftest import REPO
 
@@ -36,3 +38,28 @@ def test_an_overlay_validates_for_its_pipelines(overlay, pipeline, monkeypatch):
     args = build_parser().parse_args(["repro", pipeline, f"@{overlay}"])
     assert args.overrides, overlay
     load_params(REPO / "params.yaml", args.overrides, runs=[pipeline])
+
+
+# the overlays that set params of stages other than their pipelines' (every pipeline's, and reward mixes)
+WRITTEN_FOR_EVERY_PIPELINE = [
+    *(("examples/smollm2.args", pipeline) for pipeline in EVERY_PIPELINE),
+    ("examples/reasoning_gym/smollm2.args", "r1"),
+    ("examples/smollm2_r1_zero.args", "r1_zero"),
+]
+
+
+@pytest.mark.parametrize(("overlay", "pipeline"), WRITTEN_FOR_EVERY_PIPELINE)
+def test_alignflow_run_of_an_overlay_trains_on_the_params_repro_would(overlay, pipeline, monkeypatch, tmp_path):
+    """`alignflow run PIPELINE @FILE`: the overrides its run form holds go through the form, the others (another
+    pipeline's params, a reward mix's entries) into params.yaml first; together they make the params.yaml `alignflow
+    repro PIPELINE @FILE` writes."""
+    monkeypatch.chdir(REPO)
+    overrides = build_parser().parse_args(["run", pipeline, f"@{overlay}"]).overrides
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text((REPO / "params.yaml").read_text())
+    form = form_model(pipeline, load_params(params_file, overrides, runs=[pipeline]), REPO)
+    held, others = split_by_form(form, overrides)
+    write_overrides(params_file, others)
+    values = form_values(pipeline, form, held)  # only what the submission set counts, not the form's defaults
+    write_overrides(params_file, changed_overrides(values, load_params(params_file, runs=())))
+    assert load_params(params_file, runs=()) == load_params(REPO / "params.yaml", overrides, runs=())

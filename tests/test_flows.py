@@ -120,8 +120,10 @@ def _sigint_as_in_a_terminal() -> None:
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGHUP], ids=lambda how: how.name)
 def test_ctrl_c_sigterm_or_sighup_stops_the_stage_running_on_ray(prefect_env, tmp_path, how):
     project = make_project(tmp_path, ("sft.max_steps=100000",))
+    params_before = (project / "params.yaml").read_bytes()
     flow = subprocess.Popen(
-        ["alignflow", "run", "sft"],
+        # ppo.steps: a param the run form of sft does not hold, written into params.yaml before the run
+        ["alignflow", "run", "sft", "ppo.steps=3", "sft.lr=0.0002"],
         cwd=project,
         env=prefect_env,
         stdout=subprocess.DEVNULL,
@@ -145,6 +147,7 @@ def test_ctrl_c_sigterm_or_sighup_stops_the_stage_running_on_ray(prefect_env, tm
             flow.terminate()
             flow.wait(timeout=120)
     assert not (project / "artifacts/sft").exists()
+    assert (project / "params.yaml").read_bytes() == params_before  # neither the form's override nor the other's
 
 
 def test_stage_killed_mid_run_resumes_from_its_checkpoint_on_the_next_run(uninterrupted, prefect_env, tmp_path):

@@ -211,6 +211,19 @@ def test_an_override_stating_a_whole_mix_replaces_it_and_one_entry_merges_in_loa
     assert dict(load_params(params_file).grpo.rewards) == {"accuracy": 2.0, "format": 0.5}
 
 
+def test_a_whole_mix_after_entries_replaces_them_in_load_and_in_the_file(tmp_path):
+    """An overlay stating its reward mix over an overlay it includes that added an entry (examples/reasoning_gym over
+    examples/smollm2.args): the mix as stated where the overrides are read and where they are written; an entry
+    after the mix merges into it."""
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text((REPO / "params.yaml").read_text())
+    included_then_mix = ["grpo.rewards.digits=1", "grpo.rewards={correct: 1.0, format: 0.1}", "grpo.rewards.tags=0.5"]
+    expected = {"correct": 1.0, "format": 0.1, "tags": 0.5}
+    assert dict(load_params(params_file, included_then_mix).grpo.rewards) == expected
+    write_overrides(params_file, included_then_mix)
+    assert dict(load_params(params_file).grpo.rewards) == expected
+
+
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, RunCancelled])
 def test_a_run_cancelled_after_writing_its_overrides_leaves_params_yaml_byte_for_byte(tmp_path, stop):
     """Ctrl-C of `alignflow run`, or a cancel from the UI or a stopping serve: params.yaml as it was, its nulls too."""

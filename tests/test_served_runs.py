@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 from flows.local_server import local_prefect_server
 from flows.pipelines import RUN_LOCK
+from tasks.params.load import load_params
 from tests.conftest import ENV, dvc
 from tests.serving import api, deployments, serving, wait_until
 
@@ -127,13 +128,23 @@ def test_a_run_created_through_the_api_executes_in_the_serve_process(served):
     assert done["infrastructure_pid"] == f"{socket.gethostname()}:{serve.pid}"
 
 
-def test_a_key_the_pipeline_does_not_read_is_refused_naming_it_and_nothing_runs(served):
+def test_a_key_that_is_no_param_is_refused_naming_it_and_another_pipelines_is_written_as_repro_writes_it(served):
+    """`alignflow run sft` with an overlay written for every pipeline (examples/smollm2.args): a key no stage reads is
+    refused before anything runs; a param of a stage sft does not run goes into params.yaml, as `alignflow repro`
+    writes it, and the run runs."""
     project, _, env = served
-    before = len(_runs(env, "sft"))
-    result = alignflow(project, env, "run", "sft", "ppo.steps=3")
+    before, params_before = len(_runs(env, "sft")), (project / "params.yaml").read_bytes()
+    result = alignflow(project, env, "run", "sft", "ppo.nosuch=3")
     assert result.returncode == 2
-    assert "alignflow: error: invalid override:\n  ppo: not a param the sft pipeline's stages read" in result.stderr
-    assert len(_runs(env, "sft")) == before
+    assert "ppo.nosuch" in result.stderr and len(_runs(env, "sft")) == before
+    try:
+        result = alignflow(project, env, "run", "sft", "ppo.steps=3")
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "alignflow: params.yaml updated with ppo.steps=3" in result.stderr
+        assert load_params(project / "params.yaml").ppo.steps == 3
+        assert len(_runs(env, "sft")) == before + 1
+    finally:  # the module's other tests share the project
+        (project / "params.yaml").write_bytes(params_before)
 
 
 def _replace_command(project: Path, stage: str, command: str) -> str:

@@ -165,6 +165,21 @@ REPLACED_BY_THE_FILE = (
 )
 
 
+def overrides_in_order(overrides: Sequence[str]) -> DictConfig:
+    """The overrides as one config, each applied over those before it: one that states a whole mapping of
+    REPLACED_BY_THE_FILE replaces what earlier ones set there (an overlay's mix over the entries of the overlay it
+    includes), as write_overrides writes them; any other merges in."""
+    merged = OmegaConf.create()
+    for override in overrides:
+        key = override.partition("=")[0].strip()
+        layer = OmegaConf.from_dotlist([override])
+        if key in REPLACED_BY_THE_FILE:
+            OmegaConf.update(merged, key, OmegaConf.select(layer, key), merge=False)
+        else:
+            merged = OmegaConf.merge(merged, layer)
+    return merged
+
+
 def validate(params: Params, runs: Sequence[str] | None = None, as_stages: bool = False) -> Params:
     """The cross-field rules (the schema has checked every field alone), then the reward functions' imports. With
     ``runs`` (pipelines, dvc.yaml stages or groups; stages only with ``as_stages``), only what concerns the stages a
@@ -268,7 +283,7 @@ def load_params(
         what = "empty" if from_file is None or not from_file else "a list, not a mapping of sections"
         raise ConfigError(f"{path}: {what}; it must set every stage's params by section (see the repo's params.yaml)")
     try:
-        dotlist = OmegaConf.from_dotlist(list(overrides))
+        dotlist = overrides_in_order(overrides)
         for layer, where in ((from_file, path), (dotlist, "override")):
             _check_sections(layer, where)
         merged = _merge(_merge(_defaults(), from_file, path), dotlist, "override")
