@@ -185,12 +185,15 @@ def split_by_form(form: type[BaseModel], overrides: Sequence[str]) -> tuple[list
 
 
 def _holds(form: type[BaseModel], key: str) -> bool:
+    def is_group(node: Any) -> bool:
+        return isinstance(node, type) and issubclass(node, BaseModel)
+
     node: Any = form
     for part in key.split("."):
-        if not (isinstance(node, type) and issubclass(node, BaseModel)) or part not in node.model_fields:
+        if not is_group(node) or part not in node.model_fields:
             return False
         node = node.model_fields[part].annotation
-    return not (isinstance(node, type) and issubclass(node, BaseModel))
+    return not is_group(node)
 
 
 def form_values(pipeline: str, form: type[BaseModel], overrides: Sequence[str]) -> BaseModel:

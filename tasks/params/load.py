@@ -172,11 +172,8 @@ def overrides_in_order(overrides: Sequence[str]) -> DictConfig:
     merged = OmegaConf.create()
     for override in overrides:
         key = override.partition("=")[0].strip()
-        layer = OmegaConf.from_dotlist([override])
-        if key in REPLACED_BY_THE_FILE:
-            OmegaConf.update(merged, key, OmegaConf.select(layer, key), merge=False)
-        else:
-            merged = OmegaConf.merge(merged, layer)
+        value = OmegaConf.select(OmegaConf.from_dotlist([override]), key)
+        OmegaConf.update(merged, key, value, merge=key not in REPLACED_BY_THE_FILE)  # in place: no copy a line
     return merged
 
 
