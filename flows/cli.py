@@ -2,7 +2,6 @@
 
 import argparse
 import errno
-import importlib
 import json
 import os
 import subprocess
@@ -11,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from flows import registry_commands, warm_runner
+from flows import pipeline_commands, registry_commands, warm_runner
+from flows.pipeline_commands import check_user_data, stick
 from tasks.common.registry import usage_name
 from tasks.kinds import stage_kinds
 from tasks.pipelines import PIPELINES
@@ -200,16 +200,6 @@ def _stage_help(name: str, params_file: str) -> None:
                 print(f"  {key} = {json.dumps(value)}{_bounds(info) if info is not None else ''}\n      {help}")
 
 
-def _stick(params_file: str | Path, overrides: Sequence[str]) -> None:
-    """Write ``overrides`` (validated with the file already) into it and say so: a command's overrides stick, so a
-    stage's outputs never disagree with the params file that dvc.lock and every later stage read."""
-    from tasks.params.write import write_overrides
-
-    if overrides:
-        write_overrides(Path(params_file), overrides)
-        print(f"alignflow: {params_file} updated with {' '.join(overrides)}", file=sys.stderr)
-
-
 def _run_stage(args: argparse.Namespace) -> None:
     from tasks.common.registry import parse_stage_name, run_stage
     from tasks.params.load import load_params
@@ -218,85 +208,9 @@ def _run_stage(args: argparse.Namespace) -> None:
     quiet_libraries()  # before anything imports huggingface_hub, which reads HF_HUB_OFFLINE once, at import
     params = load_params(args.params, args.overrides, runs=[args.name], as_stages=True)
     if args.overrides:
-        _check_user_data(params)  # a bad row of your own is refused before the overrides that name it stick
-    _stick(args.params, args.overrides)
+        check_user_data(params)  # a bad row of your own is refused before the overrides that name it stick
+    stick(args.params, args.overrides)
     run_stage(args.name, params)
-
-
-def _check_user_data(params: Any) -> None:
-    """Every row of your own data, read as the data stage will: a bad shard is named before Ray or Prefect start."""
-    from tasks.data.datasets import read_shards
-
-    for source in (params.data.train_file, params.data.test_file):
-        if source is not None:
-            read_shards(source, params.task.name, say_repeats=False)
-
-
-def _form_overrides(pipeline: str, params: Any, overrides: Sequence[str]) -> list[str]:
-    """The overrides the run form of ``pipeline`` holds; the others (another pipeline's params, a reward mix's
-    entries: an overlay such as examples/smollm2.args sets both) written into params.yaml now, as `repro` writes
-    them, so that a run gets the params `repro` would."""
-    if not overrides:
-        return []
-    from flows.overrides import dag_project, form_model, split_by_form
-
-    held, others = split_by_form(form_model(pipeline, params, dag_project(Path.cwd())), overrides)
-    _stick("params.yaml", others)
-    return held
-
-
-def _run_pipeline(args: argparse.Namespace) -> int | None:
-    from tasks.params.load import load_params
-
-    params = load_params("params.yaml", args.overrides, runs=[args.pipeline])  # as `stage` says it, before Prefect
-    _check_user_data(params)
-    before = Path("params.yaml").read_bytes()
-    held = _form_overrides(args.pipeline, params, args.overrides)
-    wrote_others = held != args.overrides
-    try:
-        status = _run_with_form(args.pipeline, held, params)
-    except BaseException as stopped:
-        if wrote_others and not isinstance(stopped, Exception):  # Ctrl-C, SIGTERM: not a failure, which keeps them
-            _write_back(before)
-        raise
-    if status == 130 and wrote_others:  # Ctrl-C of a run in `alignflow serve`
-        _write_back(before)
-    return status
-
-
-def _write_back(before: bytes) -> None:
-    """params.yaml's bytes as an interrupted run found them: the run restores what its form wrote, this what
-    `_form_overrides` wrote before it."""
-    from tasks.common.artifacts import atomic_output
-
-    with atomic_output(Path("params.yaml"), with_the_stage=False) as temporary:
-        temporary.write_bytes(before)
-
-
-def _run_with_form(pipeline: str, held: list[str], params: Any) -> int | None:
-    import threading
-
-    from flows.submit import run_served
-
-    # An `alignflow serve` of this project runs it in its process, which has Prefect, DVC and torch imported already.
-    status = run_served(Path.cwd(), pipeline, held)
-    if status is not None:
-        return status
-    from tasks.common.cluster import connect_ray
-
-    # Ray's start-up mostly waits on its daemons, Prefect's import mostly computes: overlap the two.
-    # (ray.init must run on the main thread, so the imports go to a helper thread.)
-    importer = threading.Thread(target=importlib.import_module, args=("flows.pipelines",))
-    importer.start()
-    connect_ray(params.runner)
-    importer.join()
-    from flows.overrides import form_values
-    from flows.pipelines import FLOWS, FORMS
-    from flows.report import render
-
-    report = FLOWS[pipeline](params=form_values(pipeline, FORMS[pipeline], held))
-    print(render(report))
-    return None
 
 
 def _repro_targets(target: str, params: Any) -> list[str]:
@@ -326,8 +240,8 @@ def _repro(args: argparse.Namespace) -> int:
     # DVC removes a stage's outputs before running it: a params.yaml the stage would refuse must never get that far.
     params = load_params("params.yaml", args.overrides, runs=[args.target])
     targets = _repro_targets(args.target, params)
-    _check_user_data(params)
-    _stick("params.yaml", args.overrides)
+    check_user_data(params)
+    stick("params.yaml", args.overrides)
     with pipeline_run(args.target, params.tracking) as tracked, warm_runner.started():
         status = dvc_main(["repro", *targets])  # the stages DVC runs skip the imports a stage process would pay
         tracked.failed = status != 0
@@ -345,32 +259,6 @@ def _serve(args: argparse.Namespace) -> None:
     from tasks.params.load import load_params
 
     serve_pipelines(load_params("params.yaml", runs=()))  # each run validates its pipeline
-
-
-RETRAIN_OWN_SECTIONS = ("retrain", "remote")
-
-
-def _retrain(args: argparse.Namespace) -> None:
-    from tasks.common.cluster import connect_ray
-    from tasks.params.load import load_params
-
-    params = load_params("params.yaml", args.overrides, runs=[args.pipeline])  # before Prefect or Ray start
-    from flows.overrides import form_values
-    from flows.pipelines import FORMS
-    from flows.retrain import RETRAIN_FLOWS, check_shards, data_sections
-
-    # A shard the data stages would refuse is named, and moved to retrain.quarantine when it is new, before any work.
-    check_shards(Path.cwd(), params, data_sections(args.pipeline, params))
-    from tasks.params.write import write_overrides
-
-    # The gate's and the remote's keys are the retrain's own, not a stage's: params.yaml takes them (the run reads
-    # them there), the run form the stages' keys.
-    own = [o for o in args.overrides if o.partition("=")[0].strip().split(".")[0] in RETRAIN_OWN_SECTIONS]
-    write_overrides(Path("params.yaml"), own)
-    held = _form_overrides(args.pipeline, params, [o for o in args.overrides if o not in own])
-    form = form_values(args.pipeline, FORMS[args.pipeline], held)
-    connect_ray(params.runner)
-    print(json.dumps(RETRAIN_FLOWS[args.pipeline](params=form), indent=2))
 
 
 def _report(args: argparse.Namespace) -> None:
@@ -480,9 +368,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         commands = {
             "stage": _run_stage,
             "repro": _repro,
-            "run": _run_pipeline,
+            "run": pipeline_commands.run,
             "serve": _serve,
-            "retrain": _retrain,
+            "retrain": pipeline_commands.retrain,
             "registry": registry_commands.registry,
             "promote": registry_commands.promote,
             "rollback": registry_commands.rollback,

@@ -43,12 +43,12 @@ from flows.runner import (
     read_dag,
     start_run,
 )
-from tasks.common.artifacts import CURVE_FILE, EPISODES_FILE, atomic_output, metrics_dir, stage_dir
+from tasks.common.artifacts import CURVE_FILE, EPISODES_FILE, metrics_dir, stage_dir
 from tasks.common.cluster import connect_ray, release_ray
 from tasks.common.config import Params, RunnerConfig
 from tasks.common.trackers import pipeline_run
 from tasks.params.load import load_params
-from tasks.params.write import write_overrides
+from tasks.params.write import restore, write_overrides
 from tasks.pipelines import PIPELINES
 
 RUN_LOCK = Path(".alignflow") / "run.lock"
@@ -200,8 +200,7 @@ def overrides_written(params_file: Path, overrides: list[str]) -> Iterator[None]
         yield
     except (KeyboardInterrupt, TerminationSignal):
         if overrides:
-            with atomic_output(params_file, with_the_stage=False) as temporary:
-                temporary.write_bytes(before)
+            restore(params_file, before)
         raise
 
 

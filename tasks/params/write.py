@@ -78,3 +78,9 @@ def write_overrides(params_file: Path, overrides: Sequence[str]) -> None:
     editor.dump(document, text)
     with atomic_output(Path(params_file), with_the_stage=False) as temporary:
         temporary.write_text(text.getvalue())
+
+
+def restore(params_file: Path, before: bytes) -> None:
+    """Put ``params_file``'s bytes back as ``before``, atomically: what an interrupted run wrote into it undone."""
+    with atomic_output(Path(params_file), with_the_stage=False) as temporary:
+        temporary.write_bytes(before)
