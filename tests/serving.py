@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,12 +15,27 @@ from typing import Any
 
 from tasks.pipelines import PIPELINES
 
+API_ATTEMPTS = 3
+
 
 def api(env: dict[str, str], path: str, payload: dict | None = None) -> Any:
+    """Prefect's REST API. A server busy with another test's requests on a loaded machine may answer 503 (it did
+    nothing: asked again) or not answer in time (asked again only for a read, as a write may have landed)."""
     data = None if payload is None else json.dumps(payload).encode()
-    request = urllib.request.Request(f"{env['PREFECT_API_URL']}{path}", data, {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
+    reads = payload is None or path.endswith("/filter")
+    for attempt in range(1, API_ATTEMPTS + 1):
+        request = urllib.request.Request(f"{env['PREFECT_API_URL']}{path}", data, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            if error.code != 503 or attempt == API_ATTEMPTS:
+                raise
+        except (TimeoutError, urllib.error.URLError) as error:
+            timed_out = isinstance(error, TimeoutError) or isinstance(error.reason, TimeoutError)
+            if not (timed_out and reads) or attempt == API_ATTEMPTS:
+                raise
+        time.sleep(2 * attempt)
 
 
 def deployments(env: dict[str, str]) -> list[dict]:

@@ -1,11 +1,14 @@
-"""How often a reward model scores a right answer above a wrong one to the same held-out problem: the ranking a
-group-relative RL stage reads, measured on the greedy answers every evaluated model of a project gave.
+"""How often a reward model scores a right answer above a wrong one to the same problem, both in the answer's
+format: the ranking a group-relative RL stage reads when the format is learnt and only the sum is left to get right.
 
-For each held-out prompt the distinct formatted answers of ``artifacts/eval/*/greedy.jsonl`` (and the rounds'
-``eval/<stage>/<round>/``) are split by the verifier into right and wrong; every (right, wrong) pair of the same
-prompt counts 1 when the scorer puts the right one above, 1/2 on a tie. Beside the project's reward model (each
-member, by its own kind's rule) it scores the untrained baselines: each ``--likelihood`` model's own mean token
-log-prob, which is what the ``simpo`` and ``likelihood`` kinds start from.
+Two sets of such pairs from a project: the greedy answers every evaluated model gave
+(``artifacts/eval/*/greedy.jsonl`` and the rounds' ``eval/<stage>/<round>/``: for each held-out problem every
+distinct right answer against every distinct wrong one), and the held-out preference pairs
+(``artifacts/preferences/test.jsonl``: samples to the held-out problems, which the reward model never trained on)
+whose two responses the verifier marks one right, one wrong. A pair counts 1 when the scorer puts the right answer
+above, 1/2 on a tie. Beside the project's reward model (each member, by its own kind's rule) it scores the untrained
+baselines: each ``--likelihood`` model's own mean token log-prob, which is what the ``simpo`` and ``likelihood``
+kinds start from.
 
     .venv/bin/python -m bench.learning.reward_model_ranking --project <a clone where rlhf or r1 ran> \\
         --likelihood sft sft_cold
@@ -19,33 +22,50 @@ from pathlib import Path
 import torch
 
 from models import load_reference, load_tokenizer
+from tasks.data.datasets import read_examples, read_preferences
+from tasks.data.problems import score_response
 from tasks.data.prompts import PromptFormat
 from tasks.params.load import load_params
 from tasks.rl.reward_kinds import REWARD_KINDS, Frozen, RewardModel, Scoring, pack_scored
 
+Answer = tuple[str, str]  # (prompt, response)
 
-def answers_by_prompt(project: Path) -> dict[str, dict[str, bool]]:
-    """{prompt: {formatted answer: right}} over every greedy evaluation in ``project``."""
+
+def greedy_pairs(project: Path) -> list[tuple[Answer, Answer]]:
+    """(right, wrong) formatted greedy answers to the same held-out problem, over every evaluation in ``project``."""
     answers: dict[str, dict[str, bool]] = defaultdict(dict)
     for path in sorted((project / "artifacts" / "eval").rglob("greedy.jsonl")):
         for line in path.read_text().splitlines():
             row = json.loads(line)
             if row["formatted"]:
                 answers[row["prompt"]][row["response"]] = bool(row["correct"])
-    return answers
+    return [
+        ((prompt, right), (prompt, wrong))
+        for prompt, verdicts in answers.items()
+        for right, right_ok in verdicts.items()
+        for wrong, wrong_ok in verdicts.items()
+        if right_ok and not wrong_ok
+    ]
 
 
-def ranking(scores: dict[tuple[str, str], float], answers: dict[str, dict[str, bool]]) -> tuple[float, int]:
-    """(the share of same-prompt (right, wrong) pairs the scores order right first, ties counting half; pairs)."""
-    won, pairs = 0.0, 0
-    for prompt, verdicts in answers.items():
-        right = [scores[prompt, a] for a, ok in verdicts.items() if ok]
-        wrong = [scores[prompt, a] for a, ok in verdicts.items() if not ok]
-        for r in right:
-            for w in wrong:
-                won += 1.0 if r > w else 0.5 if r == w else 0.0
-                pairs += 1
-    return won / max(pairs, 1), pairs
+def preference_pairs(project: Path) -> list[tuple[Answer, Answer]]:
+    """(right, wrong) held-out preference pairs, both formatted, whatever their label says."""
+    examples = {e.prompt: e for e in read_examples(project / "artifacts" / "data" / "test.jsonl")}
+    pairs = []
+    for pair in read_preferences(project / "artifacts" / "preferences" / "test.jsonl"):
+        verdicts = {r: score_response(examples[pair.prompt], r) for r in (pair.chosen, pair.rejected)}
+        if all(formatted for formatted, _ in verdicts.values()):
+            right = [r for r, (_, correct) in verdicts.items() if correct]
+            wrong = [r for r, (_, correct) in verdicts.items() if not correct]
+            if right and wrong:
+                pairs.append(((pair.prompt, right[0]), (pair.prompt, wrong[0])))
+    return pairs
+
+
+def ranking(scores: dict[Answer, float], pairs: list[tuple[Answer, Answer]]) -> float:
+    """The share of (right, wrong) pairs the scores order right first, ties counting half."""
+    won = sum(1.0 if scores[r] > scores[w] else 0.5 if scores[r] == scores[w] else 0.0 for r, w in pairs)
+    return won / max(len(pairs), 1)
 
 
 def likelihood_scorer(model_dir: Path, prompt_format: PromptFormat, batch_size: int):
@@ -75,11 +95,10 @@ def main() -> None:
     args = parser.parse_args()
     params = load_params(args.project / "params.yaml")
     prompt_format, batch_size = PromptFormat.of(params.task), params.eval.batch_size
-    answers = answers_by_prompt(args.project)
-    keys = [(prompt, answer) for prompt, verdicts in answers.items() for answer in verdicts]
+    sets = {"greedy answers": greedy_pairs(args.project), "held-out preference pairs": preference_pairs(args.project)}
+    keys = sorted({answer for pairs in sets.values() for pair in pairs for answer in pair})
     prompts, responses = [k[0] for k in keys], [k[1] for k in keys]
-    right = sum(ok for verdicts in answers.values() for ok in verdicts.values())
-    print(f"{len(keys)} distinct formatted answers to {len(answers)} prompts ({right} right)", flush=True)
+    print(", ".join(f"{len(pairs)} (right, wrong) {name}" for name, pairs in sets.items()), flush=True)
 
     scorers = {}
     for member in sorted((args.project / "artifacts" / args.reward_model).glob("member-*")):
@@ -91,8 +110,8 @@ def main() -> None:
         scorers[f"likelihood of {name}"] = likelihood_scorer(model_dir, prompt_format, batch_size)
     for name, scorer in scorers.items():
         scores = dict(zip(keys, scorer(prompts, responses).tolist(), strict=True))
-        share, pairs = ranking(scores, answers)
-        print(f"{name:<40} right above wrong {share:.3f} of {pairs} same-prompt pairs", flush=True)
+        shares = ", ".join(f"{ranking(scores, pairs):.3f} of the {which}" for which, pairs in sets.items())
+        print(f"{name:<40} right above wrong: {shares}", flush=True)
 
 
 if __name__ == "__main__":
