@@ -21,12 +21,11 @@ from pathlib import Path
 
 import torch
 
-from models import load_reference, load_tokenizer
 from tasks.data.datasets import read_examples, read_preferences
 from tasks.data.problems import score_response
 from tasks.data.prompts import PromptFormat
 from tasks.params.load import load_params
-from tasks.rl.reward_kinds import REWARD_KINDS, Frozen, RewardModel, Scoring, pack_scored
+from tasks.rl.reward_kinds import RewardModel, Scoring
 
 Answer = tuple[str, str]  # (prompt, response)
 
@@ -68,25 +67,6 @@ def ranking(scores: dict[Answer, float], pairs: list[tuple[Answer, Answer]]) -> 
     return won / max(len(pairs), 1)
 
 
-def likelihood_scorer(model_dir: Path, prompt_format: PromptFormat, batch_size: int):
-    """The untrained likelihood kind on ``model_dir``: its mean token log-prob of each response."""
-    model, tokenizer = load_reference(model_dir, torch.device("cpu")), load_tokenizer(model_dir)
-    scoring, score = Scoring(kind="likelihood"), REWARD_KINDS["likelihood"].function
-
-    @torch.no_grad()
-    def scorer(prompts: list[str], responses: list[str]) -> torch.Tensor:
-        prompt_ids = prompt_format.encode(tokenizer, prompts)
-        finished = [prompt_format.response_ids(tokenizer, r) for r in responses]
-        out = []
-        for start in range(0, len(prompts), batch_size):
-            rows = slice(start, start + batch_size)
-            batch, mask = pack_scored(tokenizer, scoring, prompt_ids[rows], finished[rows])
-            out.append(score(model, batch, mask, Frozen(scoring)).scores)
-        return torch.cat(out)
-
-    return scorer
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--project", type=Path, default=Path.cwd())
@@ -106,8 +86,8 @@ def main() -> None:
         name = f"{args.reward_model}/{member.name} ({model.scoring.kind})"
         scorers[name] = lambda p, r, model=model: model.score_texts(prompt_format, p, r, batch_size)
     for name in args.likelihood:
-        model_dir = args.project / "artifacts" / name
-        scorers[f"likelihood of {name}"] = likelihood_scorer(model_dir, prompt_format, batch_size)
+        model = RewardModel(args.project / "artifacts" / name, torch.device("cpu"), scoring=Scoring(kind="likelihood"))
+        scorers[f"likelihood of {name}"] = lambda p, r, model=model: model.score_texts(prompt_format, p, r, batch_size)
     for name, scorer in scorers.items():
         scores = dict(zip(keys, scorer(prompts, responses).tolist(), strict=True))
         shares = ", ".join(f"{ranking(scores, pairs):.3f} of the {which}" for which, pairs in sets.items())

@@ -168,10 +168,13 @@ def pack_scored(
 
 
 class RewardModel:
-    """One member of a reward model, frozen, as its consumers score with it."""
+    """One member of a reward model, frozen, as its consumers score with it; ``scoring`` in place of the rule saved
+    beside it reads any model by an untrained kind's rule (a policy's own likelihood)."""
 
-    def __init__(self, member: Path, device: torch.device, dtype: torch.dtype = torch.float32):
-        self.scoring, self.tokenizer = Scoring.load(member.parent), load_tokenizer(member)
+    def __init__(
+        self, member: Path, device: torch.device, dtype: torch.dtype = torch.float32, scoring: Scoring | None = None
+    ):
+        self.scoring, self.tokenizer = scoring or Scoring.load(member.parent), load_tokenizer(member)
         entry = REWARD_KINDS[self.scoring.kind]
         load = load_reward_model if entry.head == "classifier" else load_reference  # both load frozen
         self.model = load(member, device, dtype=dtype)
